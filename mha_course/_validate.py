@@ -1,0 +1,60 @@
+"""Argument checks shared by the package: each raises an error that names the argument,
+what was expected and what came, so a learner never sees a bare shape error from inside torch."""
+
+from __future__ import annotations
+
+import torch
+
+
+def positive_int(name: str, value, *, allow_zero: bool = False) -> int:
+    """Return ``value`` as an int, or raise naming ``name`` if it is not a (positive) integer."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+    if value < 0 or (value == 0 and not allow_zero):
+        need = "a non-negative int" if allow_zero else "a positive int"
+        raise ValueError(f"{name} must be {need}, got {name}={value}")
+    return value
+
+
+def tensor(name: str, x, *, dims: int | tuple[int, ...] | None = None, floating: bool = False):
+    """Check that ``x`` is a tensor (optionally of ``dims`` dimensions and floating dtype)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if dims is not None:
+        allowed = (dims,) if isinstance(dims, int) else dims
+        if x.dim() not in allowed:
+            want = " or ".join(f"{d}-D" for d in allowed)
+            raise ValueError(f"{name} must be {want}, got {x.dim()}-D with shape {tuple(x.shape)}")
+    if floating and not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
+    return x
+
+
+def divisible(d_model: int, num_heads: int) -> int:
+    """Return ``d_model // num_heads``; raise if the heads do not split ``d_model`` evenly."""
+    if d_model % num_heads:
+        raise ValueError(
+            f"d_model={d_model} is not divisible by num_heads={num_heads}; "
+            f"choose num_heads among the divisors of d_model"
+        )
+    return d_model // num_heads
+
+
+def bool_mask(mask, scores_shape: tuple[int, ...], *, name: str = "mask") -> torch.Tensor:
+    """Check that ``mask`` is a bool tensor that broadcasts to ``scores_shape``."""
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"{name} must be a bool torch.Tensor (True = may attend), got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise TypeError(f"{name} must be bool, got {mask.dtype} — use True where attention is allowed")
+    try:
+        torch.broadcast_shapes(mask.shape, scores_shape)
+        ok = mask.dim() <= len(scores_shape) and all(
+            m in (1, s) for m, s in zip(reversed(mask.shape), reversed(scores_shape))
+        )
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"{name} shape {tuple(mask.shape)} does not broadcast to scores {tuple(scores_shape)}"
+        )
+    return mask

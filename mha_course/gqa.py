@@ -1,0 +1,167 @@
+"""Grouped-query attention (GQA) and the KV cache.
+
+num_kv_heads == num_heads is ordinary multi-head attention (MHA); num_kv_heads == 1 is
+multi-query attention (MQA); anything in between shares each K/V head among a group of
+``num_heads // num_kv_heads`` query heads (query head i uses KV head i // n_rep).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import _validate
+from .attention import scaled_dot_product_attention
+from .heads import merge_heads
+from .masks import causal_mask
+
+
+def repeat_kv(x, n_rep: int):
+    """(B, h_kv, L, d) -> (B, h_kv*n_rep, L, d): each KV head repeated for the n_rep query heads
+    of its group, so query head i reads KV head i // n_rep.
+
+    Equivalent to ``torch.repeat_interleave(x, n_rep, dim=1)`` (not ``x.repeat(1, n_rep, 1, 1)``,
+    which would hand KV head i % h_kv to query head i).
+    """
+    _validate.tensor("x", x, dims=4)
+    _validate.positive_int("n_rep", n_rep)
+    if n_rep == 1:
+        return x
+    B, h_kv, L, d = x.shape
+    return x[:, :, None].expand(B, h_kv, n_rep, L, d).reshape(B, h_kv * n_rep, L, d)  # (B, h, L, d)
+
+
+class KVCache:
+    """The keys and values of every position seen so far, for one attention layer.
+
+    ``update(k, v)`` appends the new positions' (B, h_kv, L_new, d_head) keys/values along the
+    length dim and returns the whole (B, h_kv, L, d_head) K and V. Inspect ``length``, ``nbytes``
+    (bytes held by K and V together), ``keys`` and ``values``.
+    """
+
+    def __init__(self):
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+
+    def update(self, k, v):
+        _validate.tensor("k", k, dims=4)
+        _validate.tensor("v", v, dims=4)
+        if k.shape[:3] != v.shape[:3]:
+            raise ValueError(f"k and v must share (B, h_kv, L_new), got {tuple(k.shape)} and {tuple(v.shape)}")
+        if self.keys is not None and (k.shape[:2] != self.keys.shape[:2] or k.shape[3] != self.keys.shape[3]):
+            raise ValueError(
+                f"new k {tuple(k.shape)} does not match the cached (B, h_kv, L, d_head) {tuple(self.keys.shape)}"
+            )
+        self.keys = k if self.keys is None else torch.cat([self.keys, k], dim=2)  # (B, h_kv, L, d_head)
+        self.values = v if self.values is None else torch.cat([self.values, v], dim=2)
+        return self.keys, self.values
+
+    @property
+    def length(self) -> int:
+        """Number of cached positions."""
+        return 0 if self.keys is None else self.keys.shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the cached keys and values together."""
+        if self.keys is None:
+            return 0
+        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+
+    def reset(self) -> None:
+        self.keys = self.values = None
+
+    def __repr__(self) -> str:
+        shape = None if self.keys is None else tuple(self.keys.shape)
+        return f"KVCache(length={self.length}, keys/values shape={shape}, nbytes={self.nbytes})"
+
+
+class GroupedQueryAttention(nn.Module):
+    """Self-attention with ``num_heads`` query heads sharing ``num_kv_heads`` K/V heads.
+
+    Layers (named as in Llama checkpoints): q_proj (d_model -> h*head_dim),
+    k_proj and v_proj (d_model -> h_kv*head_dim), o_proj (h*head_dim -> d_model).
+    ``head_dim`` defaults to d_model // num_heads.
+
+    ``forward(x, *, mask=None, cache=None, is_causal=False, need_weights=True)``:
+        x (B, L, d_model) — with a ``KVCache``, only the new positions; their K/V are appended
+        to the cache and the queries attend to every cached position.
+        mask: bool, True = may attend, 2-D (L, L_total) or 4-D broadcastable to (B, h, L, L_total).
+        is_causal: AND a bottom-right aligned :func:`causal_mask` (L, L_total) into the mask.
+        Returns out (B, L, d_model) and weights (B, h, L, L_total) or None.
+    With ``need_weights=False`` it runs ``F.scaled_dot_product_attention(..., enable_gqa=True)``.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, num_kv_heads: int, *, head_dim=None, bias: bool = False):
+        super().__init__()
+        _validate.positive_int("d_model", d_model)
+        _validate.positive_int("num_heads", num_heads)
+        _validate.positive_int("num_kv_heads", num_kv_heads)
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+        self.head_dim = _validate.divisible(d_model, num_heads) if head_dim is None else _validate.positive_int("head_dim", head_dim)
+        self.d_model, self.num_heads, self.num_kv_heads = d_model, num_heads, num_kv_heads
+        self.n_rep = num_heads // num_kv_heads
+        self.q_proj = nn.Linear(d_model, num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(d_model, num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(d_model, num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(num_heads * self.head_dim, d_model, bias=bias)
+
+    def forward(self, x, *, mask=None, cache: KVCache | None = None, is_causal: bool = False, need_weights: bool = True):
+        _validate.tensor("x", x, dims=3, floating=True)
+        if x.shape[-1] != self.d_model:
+            raise ValueError(f"x must have last dim d_model={self.d_model}, got shape {tuple(x.shape)}")
+        if cache is not None and not isinstance(cache, KVCache):
+            raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
+        B, L, _ = x.shape
+        q = self.q_proj(x).view(B, L, self.num_heads, self.head_dim).transpose(1, 2)  # (B, h, L, hd)
+        k = self.k_proj(x).view(B, L, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, h_kv, L, hd)
+        v = self.v_proj(x).view(B, L, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, h_kv, L, hd)
+        if cache is not None:
+            k, v = cache.update(k, v)  # (B, h_kv, L_total, hd)
+        L_total = k.shape[2]
+        if mask is not None:
+            if not isinstance(mask, torch.Tensor) or mask.dim() not in (2, 4):
+                shape = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+                raise ValueError(f"mask must be 2-D (L, L_total) or 4-D (B, h, L, L_total), got {shape}")
+            _validate.bool_mask(mask, (B, self.num_heads, L, L_total))
+        if is_causal:
+            causal = causal_mask(L, L_total, device=x.device)
+            mask = causal if mask is None else mask & causal
+        if need_weights:
+            out, weights = scaled_dot_product_attention(
+                q, repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep), mask
+            )  # (B, h, L, hd), (B, h, L, L_total)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_rep > 1)
+            weights = None
+            if mask is not None:  # a query with no allowed key gives 0, not NaN
+                out = out.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+        return self.o_proj(merge_heads(out)), weights  # (B, L, d_model)
+
+    @classmethod
+    @torch.no_grad()
+    def from_mha(cls, mha, num_kv_heads: int) -> "GroupedQueryAttention":
+        """Convert a :class:`~mha_course.MultiHeadAttention` (self-attention) to GQA by
+        mean-pooling the K and V heads of each group (the GQA paper's uptraining start).
+        With num_kv_heads == mha.num_heads the result computes exactly the same function."""
+        h, hd = mha.num_heads, mha.d_head
+        bias = mha.q_proj.bias is not None
+        new = cls(mha.d_model, h, num_kv_heads, bias=bias).to(mha.q_proj.weight)
+        n_rep = new.n_rep
+
+        def pool(t):  # (h*hd, ...) -> (h_kv*hd, ...): average the n_rep heads of each group
+            return t.reshape(num_kv_heads, n_rep, hd, *t.shape[1:]).mean(dim=1).reshape(num_kv_heads * hd, *t.shape[1:])
+
+        new.q_proj.load_state_dict(mha.q_proj.state_dict())
+        new.o_proj.load_state_dict(mha.out_proj.state_dict())
+        for src, dst in ((mha.k_proj, new.k_proj), (mha.v_proj, new.v_proj)):
+            dst.weight.copy_(pool(src.weight))
+            if bias:
+                dst.bias.copy_(pool(src.bias))
+        return new
+
+    def extra_repr(self) -> str:
+        return (f"d_model={self.d_model}, num_heads={self.num_heads}, "
+                f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}")

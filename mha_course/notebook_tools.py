@@ -1,0 +1,123 @@
+"""Maintenance of the course notebooks: Colab badges and setup cells, deterministic execution.
+
+    python -m mha_course sync [NOTEBOOK ...]      write every notebook's badge and setup cell
+    python -m mha_course execute [NOTEBOOK ...]   re-execute in place, as the tests run them
+
+The repository the Colab links point to is read from one place: ``[project.urls] Repository``
+in ``pyproject.toml``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+BADGE_RE = re.compile(r"\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)")
+SETUP_TAG = "setup"
+#: environment every notebook execution uses (the tests set the same in conftest.py)
+EXEC_ENV = {"PYTHONHASHSEED": "0"}
+
+
+def repository() -> tuple[str, str]:
+    """(OWNER, REPO) from pyproject's ``[project.urls] Repository``."""
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    m = re.search(r'^Repository\s*=\s*"https://github\.com/([^/"]+)/([^/"]+?)(?:\.git)?/?"', text, re.M)
+    if not m:
+        raise ValueError("pyproject.toml has no [project.urls] Repository = \"https://github.com/OWNER/REPO\"")
+    return m.group(1), m.group(2)
+
+
+def colab_url(path: Path) -> str:
+    owner, repo = repository()
+    rel = Path(path).resolve().relative_to(ROOT).as_posix()
+    return f"https://colab.research.google.com/github/{owner}/{repo}/blob/main/{rel}"
+
+
+def badge(path: Path) -> str:
+    return f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab_url(path)})"
+
+
+def setup_source() -> str:
+    owner, repo = repository()
+    return (
+        "# Setup: on Colab, install the course package (torch and ipywidgets are already there);\n"
+        "# everywhere, import it and fix the seeds so every number below is reproducible.\n"
+        "import subprocess\n"
+        "import sys\n"
+        "\n"
+        'if "google.colab" in sys.modules:\n'
+        "    subprocess.check_call(\n"
+        f'        [sys.executable, "-m", "pip", "install", "-q", "mha-course @ git+https://github.com/{owner}/{repo}"]\n'
+        "    )\n"
+        "\n"
+        "import mha_course as mc\n"
+        "\n"
+        "mc.setup()"
+    )
+
+
+def _source(cell) -> str:
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else src
+
+
+def sync(path: Path) -> bool:
+    """Write the badge into the first markdown cell and the setup cell (tag ``setup``, the first
+    code cell). Returns True when the file changed."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    changed = False
+    first_md = next((c for c in nb.cells if c.cell_type == "markdown"), None)
+    if first_md is None:
+        raise ValueError(f"{path}: needs a markdown title cell first")
+    src = _source(first_md)
+    new = BADGE_RE.sub(badge(path), src) if BADGE_RE.search(src) else src.rstrip() + "\n\n" + badge(path)
+    if new != src:
+        first_md.source, changed = new, True
+    setup = next((c for c in nb.cells if SETUP_TAG in c.get("metadata", {}).get("tags", [])), None)
+    if setup is None:
+        setup = nbformat.v4.new_code_cell(setup_source(), metadata={"tags": [SETUP_TAG]})
+        nb.cells.insert(nb.cells.index(first_md) + 1, setup)
+        changed = True
+    elif _source(setup) != setup_source():
+        setup.source, changed = setup_source(), True
+    if changed:
+        nbformat.write(nb, path)
+    return changed
+
+
+def execute(path: Path, *, timeout: int = 600) -> None:
+    """Execute a notebook top to bottom in a fresh kernel, in place, under EXEC_ENV."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    os.environ.update(EXEC_ENV)
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(Path(path).parent)}}).execute()
+    for cell in nb.cells:  # keep metadata free of run-dependent data (dates, timings)
+        cell.get("metadata", {}).pop("execution", None)
+    nbformat.write(nb, path)
+
+
+def numbered_notebooks() -> list[Path]:
+    return sorted(p for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("sync", "execute"):
+        print(__doc__)
+        return 2
+    paths = [Path(p) for p in argv[1:]] or numbered_notebooks()
+    for p in paths:
+        if argv[0] == "sync":
+            print(f"{p}: {'updated' if sync(p) else 'up to date'}")
+        else:
+            sync(p)
+            execute(p)
+            print(f"{p}: executed")
+    return 0

@@ -1,0 +1,103 @@
+"""Self-check quizzes: multiple-choice questions with an explanation for every option.
+
+The questions of notebook NN live in ``mha_course/quizzes/NN.json``::
+
+    {"notebook": "01_single_head_attention",
+     "questions": [{"question": "...", "section": "<a heading of the notebook>",
+                    "options": [{"text": "...", "correct": true, "explanation": "..."}, ...]}]}
+
+``show("01")`` displays a static version first (questions, with the answers in collapsible
+blocks: what GitHub, nbviewer and a printed page show), then an ipywidgets quiz that gives
+immediate feedback on each choice (the API common to ipywidgets 7 and 8).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from importlib import resources
+
+
+def load(notebook: str) -> dict:
+    """The quiz of notebook ``notebook`` ("01" or "01_single_head_attention"), validated."""
+    key = notebook.split("_")[0]
+    try:
+        text = resources.files("mha_course.quizzes").joinpath(f"{key}.json").read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"no quiz for notebook {notebook!r} (looked for mha_course/quizzes/{key}.json)") from None
+    quiz = json.loads(text)
+    problems = validate(quiz)
+    if problems:
+        raise ValueError(f"quiz {key}.json is invalid: " + "; ".join(problems))
+    return quiz
+
+
+def validate(quiz: dict) -> list[str]:
+    """Problems with a quiz's structure (empty list when it is fine)."""
+    problems = []
+    questions = quiz.get("questions", [])
+    if not 3 <= len(questions) <= 5:
+        problems.append(f"needs 3–5 questions, has {len(questions)}")
+    for i, q in enumerate(questions, 1):
+        if not q.get("question") or not q.get("section"):
+            problems.append(f"question {i} needs 'question' and 'section'")
+        options = q.get("options", [])
+        if len(options) < 2:
+            problems.append(f"question {i} needs at least 2 options")
+        if sum(bool(o.get("correct")) for o in options) != 1:
+            problems.append(f"question {i} must have exactly one correct option")
+        for j, o in enumerate(options, 1):
+            if not o.get("text") or not o.get("explanation"):
+                problems.append(f"question {i} option {j} needs 'text' and 'explanation'")
+    return problems
+
+
+def static_markdown(quiz: dict) -> str:
+    """The quiz as Markdown: each question, its options, and a collapsible answer."""
+    lines = ["**Self-check quiz** (the interactive version is below when a kernel runs)", ""]
+    for i, q in enumerate(quiz["questions"], 1):
+        lines += [f"**Q{i}.** {q['question']}", ""]
+        lines += [f"{chr(97 + j)}) {o['text']}" for j, o in enumerate(q["options"])]
+        answer = next(j for j, o in enumerate(q["options"]) if o["correct"])
+        lines += ["", "<details><summary>Answer</summary>", ""]
+        lines += [f"- **{chr(97 + j)})** {'✅' if o['correct'] else '❌'} {o['explanation']}"
+                  for j, o in enumerate(q["options"])]
+        lines += ["", f"Correct: **{chr(97 + answer)})** — see *{q['section']}*.", "", "</details>", ""]
+    return "\n".join(lines)
+
+
+def feedback(question: dict, choice: int | None) -> str:
+    """HTML feedback for picking option ``choice`` (index) of ``question``; '' when none picked."""
+    if choice is None:
+        return ""
+    o = question["options"][choice]
+    mark, colour = ("✅ Correct.", "green") if o["correct"] else ("❌ Not quite.", "firebrick")
+    return f'<span style="color:{colour}"><b>{mark}</b></span> {html.escape(o["explanation"])}'
+
+
+def widget(quiz: dict):
+    """An ipywidgets VBox: per question a RadioButtons and a feedback line updated on change."""
+    import ipywidgets as W
+
+    rows = []
+    for i, q in enumerate(quiz["questions"], 1):
+        labels = [o["text"] for o in q["options"]]
+        radio = W.RadioButtons(options=[(t, j) for j, t in enumerate(labels)],
+                               value=None, layout=W.Layout(width="auto"))
+        note = W.HTML("")
+
+        def on_change(change, q=q, note=note):
+            note.value = feedback(q, change["new"])
+
+        radio.observe(on_change, names="value")
+        rows += [W.HTML(f"<b>Q{i}.</b> {html.escape(q['question'])}"), radio, note]
+    return W.VBox(rows)
+
+
+def show(notebook: str) -> None:
+    """Display the static quiz (Markdown), then the interactive one."""
+    from IPython.display import Markdown, display
+
+    quiz = load(notebook)
+    display(Markdown(static_markdown(quiz)))
+    display(widget(quiz))

@@ -49,10 +49,18 @@ class KVCache:
         _validate.tensor("v", v, dims=4)
         if k.shape[:3] != v.shape[:3]:
             raise ValueError(f"k and v must share (B, h_kv, L_new), got {tuple(k.shape)} and {tuple(v.shape)}")
-        if self.keys is not None and (k.shape[:2] != self.keys.shape[:2] or k.shape[3] != self.keys.shape[3]):
-            raise ValueError(
-                f"new k {tuple(k.shape)} does not match the cached (B, h_kv, L, d_head) {tuple(self.keys.shape)}"
-            )
+        if self.keys is not None:
+            for name, new, cached in (("k", k, self.keys), ("v", v, self.values)):
+                if new.shape[:2] != cached.shape[:2] or new.shape[3] != cached.shape[3]:
+                    raise ValueError(
+                        f"new {name} {tuple(new.shape)} does not match the cached (B, h_kv, L, d_head) "
+                        f"{tuple(cached.shape)}"
+                    )
+                if new.dtype != cached.dtype or new.device != cached.device:
+                    raise TypeError(
+                        f"new {name} is {new.dtype} on {new.device}, but the cache holds {cached.dtype} "
+                        f"on {cached.device}"
+                    )
         self.keys = k if self.keys is None else torch.cat([self.keys, k], dim=2)  # (B, h_kv, L, d_head)
         self.values = v if self.values is None else torch.cat([self.values, v], dim=2)
         return self.keys, self.values

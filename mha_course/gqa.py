@@ -130,9 +130,11 @@ class GroupedQueryAttention(nn.Module):
             k, v = cache.update(k, v)  # (B, h_kv, L_total, hd)
         L_total = k.shape[2]
         if mask is not None:
-            if not isinstance(mask, torch.Tensor) or mask.dim() not in (2, 4):
-                shape = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
-                raise ValueError(f"mask must be 2-D (L, L_total) or 4-D (B, h, L, L_total), got {shape}")
+            _validate.tensor("mask", mask)
+            if mask.dim() not in (2, 4):
+                raise ValueError(
+                    f"mask must be 2-D (L, L_total) or 4-D (B, h, L, L_total), got shape {tuple(mask.shape)}"
+                )
             _validate.bool_mask(mask, (B, self.num_heads, L, L_total))
         if is_causal:
             causal = causal_mask(L, L_total, device=x.device)

@@ -30,7 +30,7 @@ def count_attention_params(d_model, num_heads, num_kv_heads=None, *, head_dim=No
     only (Qwen2). For MHA with head_dim = d/h this is 4·d² (+ 4·d biases), whatever h is.
     """
     h_kv, hd = _heads(d_model, num_heads, num_kv_heads, head_dim)
-    if bias not in (True, False, "qkv"):
+    if not (isinstance(bias, bool) or (isinstance(bias, str) and bias == "qkv")):
         raise ValueError(f"bias must be True, False or 'qkv', got {bias!r}")
     q, kv, o = num_heads * hd, h_kv * hd, num_heads * hd  # output widths of W_Q, W_K (=W_V), input of W_O
     weights = d_model * q + 2 * d_model * kv + o * d_model

@@ -15,6 +15,7 @@ from . import _validate
 from .attention import scaled_dot_product_attention
 from .heads import merge_heads
 from .masks import causal_mask
+from .multihead import MultiHeadAttention
 
 
 def repeat_kv(x, n_rep: int):
@@ -156,6 +157,16 @@ class GroupedQueryAttention(nn.Module):
         """Convert a :class:`~mha_course.MultiHeadAttention` (self-attention) to GQA by
         mean-pooling the K and V heads of each group (the GQA paper's uptraining start).
         With num_kv_heads == mha.num_heads the result computes exactly the same function."""
+        if not isinstance(mha, MultiHeadAttention):
+            raise TypeError(
+                f"mha must be a mha_course.MultiHeadAttention, got {type(mha).__name__} "
+                "(for torch.nn.MultiheadAttention use MultiHeadAttention.from_torch first)"
+            )
+        if mha.kdim != mha.d_model or mha.vdim != mha.d_model:
+            raise ValueError(
+                f"mha must be self-attention (kdim == vdim == d_model={mha.d_model}), "
+                f"got kdim={mha.kdim}, vdim={mha.vdim}"
+            )
         h, hd = mha.num_heads, mha.d_head
         bias = mha.q_proj.bias is not None
         new = cls(mha.d_model, h, num_kv_heads, bias=bias).to(mha.q_proj.weight)

@@ -1,6 +1,6 @@
 """Maintenance of the course notebooks: Colab badges and setup cells, deterministic execution.
 
-    python -m mha_course sync [NOTEBOOK ...]      write every notebook's badge and setup cell
+    python -m mha_course sync [NOTEBOOK ...]      write badges and setup cells (and README's course map)
     python -m mha_course execute [NOTEBOOK ...]   re-execute in place, as the tests run them
 
 The repository the Colab links point to is read from one place: ``[project.urls] Repository``
@@ -120,4 +120,36 @@ def main(argv: list[str]) -> int:
             sync(p)
             execute(p)
             print(f"{p}: executed")
+    if argv[0] == "sync" and len(argv) == 1:
+        print(f"README.md: {'updated' if sync_readme() else 'up to date'}")
     return 0
+
+
+def _replace_block(text: str, name: str, body: str) -> str:
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    if start not in text or end not in text:
+        raise ValueError(f"README.md lacks the markers {start} … {end}")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{body}\n{end}{tail}"
+
+
+def readme_text() -> str:
+    """README.md with its generated blocks (course map, glossary) brought up to date."""
+    from . import course
+
+    owner, repo = repository()
+    existing = {p.stem for p in numbered_notebooks()}
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    base = f"https://colab.research.google.com/github/{owner}/{repo}/blob/main/"
+    text = _replace_block(text, "course-map", course.course_map_markdown(colab_base=base, existing=existing))
+    return _replace_block(text, "glossary", course.glossary_markdown())
+
+
+def sync_readme() -> bool:
+    path = ROOT / "README.md"
+    new = readme_text()
+    if new != path.read_text(encoding="utf-8"):
+        path.write_text(new, encoding="utf-8")
+        return True
+    return False

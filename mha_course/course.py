@@ -1,0 +1,102 @@
+"""The course at a glance: the notebook map, the notation, and the English–Chinese glossary.
+
+One source for README.md, notebook 00 and the tests (which check that README.md agrees).
+"""
+
+from __future__ import annotations
+
+#: (file stem, title, one line on what it shows)
+NOTEBOOKS: list[tuple[str, str, str]] = [
+    ("00_setup_check", "Setup check", "Is your environment ready? How exercises and checkers work; notation; glossary."),
+    ("01_single_head_attention", "Single-head attention",
+     "Q/K/V as a soft dictionary lookup (the address book); why divide by √d_k; one query asks one question."),
+    ("02_multi_head_attention", "Multi-head attention",
+     "Two questions → two heads; heads see the whole sequence; the looped implementation = PyTorch's."),
+    ("03_parameter_and_compute_accounting", "Parameters and compute",
+     "4·d² parameters whatever h is; FLOPs 8·B·L·d² + 4·B·L²·d; real models from their configs."),
+    ("04_batched_implementation", "The batched implementation",
+     "h small matrices = one big one; split/merge heads (and the wrong reshape); nn.MultiheadAttention interop."),
+    ("05_masks_and_cross_attention", "Masks and cross-attention",
+     "Padding and causal masks across APIs; fully masked rows; leakage test; encoder–decoder attention."),
+    ("06_gqa_mqa_and_kv_cache", "GQA, MQA and the KV cache",
+     "Sharing K/V heads (Llama 3 8B); cache bytes = formula; cached decoding = full recomputation."),
+    ("07_do_heads_specialize", "Do heads specialise?",
+     "Tiny models trained on a CPU: one head vs several on a two-relation task; ablation and pruning."),
+    ("08_heads_in_a_pretrained_model", "Heads in a pretrained model",
+     "all-MiniLM-L6-v2 run through the course's attention; its heads visualised and ablated."),
+    ("09_efficient_attention", "Efficient attention",
+     "The L² score matrix; tiling with an online softmax (the FlashAttention idea); SDPA; benchmarks."),
+    ("10_transformer_block_and_debugging", "Transformer block and debugging",
+     "An encoder block = nn.TransformerEncoderLayer; permutation equivariance; diagnosing broken attention."),
+]
+
+#: (symbol, meaning) — used identically in every notebook and in the package
+NOTATION: list[tuple[str, str]] = [
+    ("B", "batch size"),
+    ("L, Lq, Lk", "sequence length; query length; key/value length"),
+    ("d_model (d)", "model width: the size of each token's vector"),
+    ("h = num_heads", "number of (query) heads"),
+    ("h_kv = num_kv_heads", "number of key/value heads (h: MHA, 1: MQA, in between: GQA)"),
+    ("d_head = d_model // h", "width of one head (d_k = d_v = d_head in multi-head attention)"),
+    ("d_k, d_v", "width of queries/keys and of values in single-head attention"),
+    ("Q, K, V", "queries (B, h, Lq, d_head), keys (B, h, Lk, d_head), values (B, h, Lk, d_head)"),
+    ("W_Q, W_K, W_V, W_O", "projection matrices; head i owns column block i of W_Q, W_K, W_V"),
+    ("mask", "bool, True = may attend (the course's convention), broadcast to (B, h, Lq, Lk)"),
+]
+
+#: (English, 中文, one-line meaning)
+GLOSSARY: list[tuple[str, str, str]] = [
+    ("attention", "注意力", "a weighted average of values, weighted by how well keys match a query"),
+    ("self-attention", "自注意力", "queries, keys and values all come from the same sequence"),
+    ("multi-head attention", "多头注意力", "several attentions in parallel, each with its own projections"),
+    ("attention head", "注意力头", "one of those parallel attentions (its own W_Q, W_K, W_V)"),
+    ("query / key / value", "查询 / 键 / 值", "what a position asks / how it can be found / what it hands over"),
+    ("scaled dot-product attention", "缩放点积注意力", "softmax(QKᵀ/√d_k)V"),
+    ("attention weights", "注意力权重", "the softmax output: each row sums to 1"),
+    ("softmax", "softmax（归一化指数函数）", "turns scores into positive weights that sum to 1"),
+    ("mask", "掩码", "which query–key pairs may attend"),
+    ("padding mask", "填充掩码", "hides padding tokens added to make sequences the same length"),
+    ("causal mask", "因果掩码", "hides the future: position i sees only positions ≤ i"),
+    ("cross-attention", "交叉注意力", "queries from one sequence, keys/values from another"),
+    ("encoder / decoder", "编码器 / 解码器", "the two stacks of the original Transformer"),
+    ("projection", "投影", "a linear map (a weight matrix) applied to every token"),
+    ("concatenation", "拼接", "joining the heads' outputs side by side"),
+    ("output projection", "输出投影", "W_O: mixes the concatenated heads back to d_model"),
+    ("grouped-query attention (GQA)", "分组查询注意力", "groups of query heads share one key/value head"),
+    ("multi-query attention (MQA)", "多查询注意力", "all query heads share a single key/value head"),
+    ("KV cache", "KV 缓存", "keys and values of past tokens kept during generation"),
+    ("positional encoding", "位置编码", "what tells attention where each token is"),
+    ("residual connection", "残差连接", "adding a block's input to its output"),
+    ("layer normalisation", "层归一化", "LayerNorm: normalises each token's vector"),
+    ("feed-forward network", "前馈网络", "the per-token MLP of a transformer block"),
+    ("parameters", "参数量", "the number of learned numbers"),
+    ("FLOPs", "浮点运算次数", "floating-point operations (a multiply-add counts 2)"),
+]
+
+
+def _table(header: tuple[str, ...], rows) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def glossary_markdown() -> str:
+    """The glossary as a Markdown table (English | 中文 | meaning)."""
+    return _table(("English", "中文", "meaning"), GLOSSARY)
+
+
+def notation_markdown() -> str:
+    """The notation as a Markdown table."""
+    return _table(("symbol", "meaning"), ((f"`{s}`", m) for s, m in NOTATION))
+
+
+def course_map_markdown(*, colab_base: str | None = None, existing: set[str] | None = None) -> str:
+    """The course map as a Markdown table; with ``colab_base`` (…/blob/main/) a Colab link per row."""
+    rows = []
+    for stem, title, line in NOTEBOOKS:
+        if existing is not None and stem not in existing:
+            continue
+        link = f"[{stem}](notebooks/{stem}.ipynb)"
+        colab = f" [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab_base}notebooks/{stem}.ipynb)" if colab_base else ""
+        rows.append((stem[:2], f"**{title}**", line, link + colab))
+    return _table(("#", "notebook", "what you will see", "open"), rows)

@@ -255,14 +255,22 @@ def _compare(got, exp, label: str, tol: _Tol, *, check_dtype: bool = True) -> st
                 return problem
         return None
     if isinstance(exp, numbers.Integral):
+        if not check_dtype and isinstance(got, numbers.Real) and not isinstance(got, bool):
+            return None if float(got) == float(exp) else f"{label} is {float(got):,}, expected {int(exp):,}"
         if isinstance(got, numbers.Integral) and not isinstance(got, bool):
             return None if int(got) == int(exp) else f"{label} is {int(got):,}, expected {int(exp):,}"
         if isinstance(got, float) and math.isfinite(got) and got.is_integer():
-            same = "the value is right" if int(got) == int(exp) else f"and the value should be {int(exp):,}"
-            return f"{label} is the float {got:,.1f} — a count is a whole number, return an int ({same}; use //)"
+            if int(got) == int(exp):
+                return f"{label} is the float {got:,.1f}: the value is right, but return an int (use //, not /)"
+            return f"{label} is the float {got:,.1f}, expected the int {int(exp):,} (use //, not /)"
         if isinstance(got, torch.Tensor):
             return f"{label} should be a Python int, got {_type_name(got)} (use .item())"
         return f"{label} should be an int, got {_type_name(got)}"
+    if isinstance(exp, float):  # a wrong variant that returns e.g. GiB instead of bytes
+        if isinstance(got, bool) or not isinstance(got, numbers.Real):
+            return f"{label} should be a number, got {_type_name(got)}"
+        close = math.isclose(float(got), exp, rel_tol=tol.rtol, abs_tol=tol.atol)
+        return None if close else f"{label} is {float(got):.6g}, expected {exp:.6g}"
     raise TypeError(f"cannot compare with a reference of type {type(exp).__name__}")  # checker bug
 
 
@@ -350,6 +358,8 @@ def run_check(
     label = "your result" if output_names else output_label
     if not callable(fn):
         return CheckResult(False, f"{name}: expected your function, got {_type_name(fn)} — pass the function itself")
+    runs = []  # (case, expected, got) for every case the learner's function returned from
+    failure = None  # (where, call, problem) of the first wrong case
     for i, case in enumerate(cases, start=1):
         where = f"case {i} of {len(cases)}" + (f": {case.description}" if case.description else "")
         call = _describe_call(name, case, arg_names)
@@ -359,23 +369,29 @@ def run_check(
         except NotImplementedError as exc:
             if i == 1:
                 return CheckResult(False, f"{name}: {_NOT_ATTEMPTED}", status="not attempted")
-            return _raised(name, exc, where, call, extra=" — finish the part this case needs")
+            if failure is None:
+                return _raised(name, exc, where, call, extra=" — finish the part this case needs")
+            break
         except Exception as exc:  # noqa: BLE001 - report, never raise
-            return _raised(name, exc, where, call)
+            if failure is None:
+                return _raised(name, exc, where, call)
+            break
         try:
             problem = _compare(got, expected, label, tol)
         except Exception as exc:  # noqa: BLE001 - an output too strange to compare
             problem = f"could not compare your output ({type(exc).__name__}: {_one_line(exc, 80)})"
-        if problem is None:
-            continue
-        details = f"{where}\n{call}\n{problem}"
-        diagnosis = _diagnose(got, expected, case, mistakes, label, tol)
-        if diagnosis:
-            return CheckResult(False, f"{name}: likely mistake — {diagnosis}", details)
-        return CheckResult(False, f"{name}: {problem} ({where})", call)
-    descriptions = [c.description for c in cases if c.description]
-    summary = f" ({'; '.join(descriptions)})" if descriptions else ""
-    return CheckResult(True, f"{name}: correct on {len(cases)} cases{summary}")
+        if problem is not None and failure is None:
+            failure = (where, call, problem, len(runs))
+        runs.append((case, expected, got))
+    if failure is None:
+        descriptions = [c.description for c in cases if c.description]
+        summary = f" ({'; '.join(descriptions)})" if descriptions else ""
+        return CheckResult(True, f"{name}: correct on {len(cases)} cases{summary}")
+    where, call, problem, index = failure
+    diagnosis = _diagnose(runs, index, mistakes, label, tol)
+    if diagnosis:
+        return CheckResult(False, f"{name}: likely mistake — {diagnosis}", f"{where}\n{call}\n{problem}")
+    return CheckResult(False, f"{name}: {problem} ({where})", call)
 
 
 def _raised(name, exc, where, call, extra=""):
@@ -385,14 +401,24 @@ def _raised(name, exc, where, call, extra=""):
     return CheckResult(False, f"{name}: your function raised {text}{extra} ({where})", details)
 
 
-def _diagnose(got, expected, case: Case, mistakes: Sequence[Mistake], label: str, tol: _Tol) -> str | None:
-    for mistake in mistakes:
+def _diagnose(runs, index: int, mistakes: Sequence[Mistake], label: str, tol: _Tol) -> str | None:
+    """The diagnosis of the first mistake that explains the failing case ``runs[index]``,
+    preferring one that also agrees with the learner's output on every other case."""
+
+    def matches(mistake, case, expected, got, *, must_differ):
         try:
             wrong = _structure(_call(mistake.fn, case, pass_case=mistake.on_case), getattr(expected, "names", None))
-            if _compare(wrong, expected, label, tol) is None:
-                continue  # this mistake gives the right answer on this case: no evidence either way
-            if _compare(got, wrong, label, tol, check_dtype=False) is None:
-                return mistake.diagnosis
-        except Exception:  # noqa: BLE001 - a variant that cannot run on this case simply does not match
+            if must_differ and _compare(wrong, expected, label, tol, check_dtype=False) is None:
+                return False  # gives the right answer here: no evidence either way
+            return _compare(got, wrong, label, tol, check_dtype=False) is None
+        except Exception:  # noqa: BLE001 - a variant that cannot run on this case does not match
+            return not must_differ
+
+    fallback = None
+    for mistake in mistakes:
+        if not matches(mistake, *runs[index], must_differ=True):
             continue
-    return None
+        if all(matches(mistake, *run, must_differ=False) for run in runs):
+            return mistake.diagnosis
+        fallback = fallback or mistake.diagnosis
+    return fallback

@@ -131,6 +131,34 @@ def test_runner_reports_learner_line_and_protects_inputs_and_rng():
     assert torch.equal(before, torch.random.get_rng_state())
 
 
+def test_the_documented_example_checker_works():
+    import textwrap
+
+    from mha_course.check import _core
+
+    doc = _core.__doc__
+    code = doc[doc.index("    import torch") : doc.index("Rules the runner follows")]
+    namespace = {"__name__": "mha_course.check._example", "__package__": "mha_course.check"}
+    exec(textwrap.dedent(code), namespace)
+    assert_passes(namespace["double"](lambda x: x + x))
+    assert_fails(namespace["double"](lambda x: x * x), "likely mistake", "squared")
+
+
+def test_transpose_hint_for_dot_T_on_batched_tensors():
+    def attention(q, k, v, mask=None):
+        scores = q @ k.T / math.sqrt(q.shape[-1])
+        return scores.softmax(-1) @ v, scores.softmax(-1)
+
+    with pytest.warns(UserWarning):  # torch deprecates .T on tensors that are not 2-D
+        result = mc.check.scaled_dot_product_attention(attention)
+    assert_fails(result, "raised RuntimeError", "case 2")
+    assert (
+        "in attention, line" in result.details
+        and ": scores = q @ k.T" in result.details
+        and "transpose(-2, -1)" in result.details
+    )
+
+
 def test_int_outputs():
     cases = [Case((3, 4), description="small")]
 
@@ -357,6 +385,16 @@ MHA_MISTAKES = {
     "forgot W_O": (_mha_with(out_proj=False), "output projection"),
     "heads in the wrong order": (_mha_with(merge="reversed"), "wrong order"),
     "x @ w.T": (_mha_with(transposed=True), "transposed weights"),
+    "split right, merged without transpose": (_mha_with(merge="no transpose"), "without transposing back"),
+    "interleaved head columns": (
+        lambda x, wq, wk, wv, wo, h: mha_view_transpose(
+            x,
+            *(w.view(-1, w.shape[1] // h, h).transpose(1, 2).reshape(w.shape) for w in (wq, wk, wv)),
+            wo.view(wo.shape[0] // h, h, -1).transpose(0, 1).reshape(wo.shape),
+            h,
+        ),
+        "every num_heads-th column",
+    ),
 }
 
 
@@ -423,6 +461,7 @@ MERGE_MISTAKES = {
     "reshape without transpose": (lambda x: x.reshape(x.shape[0], x.shape[2], -1), "without transpose"),
     "transposed the wrong dims": (lambda x: x.transpose(-1, -2).reshape(x.shape[0], x.shape[2], -1), "wrong dims"),
     "forgot to flatten": (lambda x: x.transpose(1, 2), "reshape to (B, L, num_heads·d_head)"),
+    "heads interleaved": (lambda x: torch.stack(x.unbind(1), dim=-1).flatten(2), "interleaved"),
 }
 
 
@@ -462,6 +501,7 @@ CAUSAL_MISTAKES = {
     "triu(1)": (lambda q, k=None: torch.ones(q, k or q, dtype=torch.bool).triu(1), "polarity inverted"),
     "diagonal excluded": (lambda q, k=None: torch.ones(q, k or q, dtype=torch.bool).tril(-1), "diagonal is excluded"),
     "top-left alignment": (lambda q, k=None: torch.ones(q, k or q, dtype=torch.bool).tril(), "top-left"),
+    "sees the future": (lambda q, k=None: causal_tril(q, k).T if k is None or k == q else ~causal_tril(q, k), "future"),
 }
 
 
@@ -495,6 +535,7 @@ PADDING_MISTAKES = {
     "polarity inverted": (lambda n, m: (torch.arange(m) >= n[:, None])[:, None, None], "polarity inverted"),
     "(B, max_len)": (lambda n, m: torch.arange(m) < n[:, None], "returned (B, max_len)"),
     "off by one": (lambda n, m: (torch.arange(m) <= n[:, None])[:, None, None], "off by one"),
+    "masks queries": (lambda n, m: (torch.arange(m) < n[:, None])[:, None, :, None], "query positions"),
 }
 
 
@@ -583,6 +624,11 @@ PARAMS_MISTAKES = {
     "GQA ignored": (_params_wrong("no gqa"), "counted with the query heads"),
     "forgot W_O": (_params_wrong("no W_O"), "W_O"),
     "h full-width heads": (_params_wrong("h heads"), "num_heads separate full-width"),
+    "K/V biases at full width": (
+        lambda d, h, kv=None, bias=True: params_formula(d, h, kv, False) + (4 * d if bias else 0),
+        "biases counted at full width",
+    ),
+    "biases counted although bias=False": (lambda d, h, kv=None, bias=True: params_formula(d, h, kv), "bias=False"),
 }
 
 
@@ -629,6 +675,7 @@ KV_MISTAKES = {
         "query heads",
     ),
     "GiB": (lambda *args, **kwargs: kv_formula(*args, **kwargs) / 2**30, "GiB"),
+    "GB": (lambda *args, **kwargs: kv_formula(*args, **kwargs) / 1e9, "GB"),
 }
 
 

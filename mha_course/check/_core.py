@@ -54,6 +54,7 @@ from __future__ import annotations
 import html
 import math
 import numbers
+import re
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -193,8 +194,8 @@ def _describe_call(name: str, case: Case, arg_names: Sequence[str]) -> str:
 
 
 def _learner_line(exc: BaseException) -> str:
-    """'in fn, line 3: scores = q @ k.T' for the deepest frame outside torch and this package."""
-    here = Path(__file__).resolve().parent
+    """'in fn, line 3: scores = q @ k.T' for the deepest frame outside torch and mha_course."""
+    here = Path(__file__).resolve().parent.parent
     torch_dir = Path(torch.__file__).resolve().parent
     frames = traceback.extract_tb(exc.__traceback__)
     for frame in reversed(frames):
@@ -263,6 +264,8 @@ def _compare(got, exp, label: str, tol: _Tol, *, check_dtype: bool = True) -> st
             if int(got) == int(exp):
                 return f"{label} is the float {got:,.1f}: the value is right, but return an int (use //, not /)"
             return f"{label} is the float {got:,.1f}, expected the int {int(exp):,} (use //, not /)"
+        if isinstance(got, float):
+            return f"{label} is the float {got:.6g}, expected the int {int(exp):,}"
         if isinstance(got, torch.Tensor):
             return f"{label} should be a Python int, got {_type_name(got)} (use .item())"
         return f"{label} should be an int, got {_type_name(got)}"
@@ -398,6 +401,8 @@ def _raised(name, exc, where, call, extra=""):
     text = _one_line(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
     line = _learner_line(exc)
     details = call + (f"\n{line}" if line else "")
+    if re.search(r"\.T\b", line) and isinstance(exc, RuntimeError):
+        details += "\nhint: .T reverses ALL dims of a tensor with batch dims; use .transpose(-2, -1)"
     return CheckResult(False, f"{name}: your function raised {text}{extra} ({where})", details)
 
 

@@ -41,8 +41,12 @@ Rules the runner follows (so checker modules need not):
 * float values are compared with ``atol``/``rtol`` suited to float32 (1e-4); ``NaN`` where the
   reference has a number fails; bool and integer values must match exactly;
 * on the first failing case each :class:`Mistake` whose output differs from the reference there
-  is run on the same inputs; the first one the learner's output matches is reported as
-  "likely mistake — <diagnosis>", otherwise a generic message with the case and max abs error.
+  is run on the same inputs and compared with the learner's output (values only, dtype class
+  ignored). The first mistake that also agrees with the learner on every other case is reported
+  as "likely mistake — <diagnosis>" (so two mistakes that coincide on one case are told apart
+  by the others); failing that, the first one that matches the failing case; failing that, a
+  generic message with the case, the inputs and the max abs error;
+* inputs come from :func:`tensor_generator` (fixed seed), so a message is the same on every run.
 
 Design cases so that the first case a mistake fails on tells it apart from the other mistakes
 (e.g. keep Lq ≠ Lk out of the first case so "wrong alignment" and "diagonal excluded" differ),
@@ -377,7 +381,8 @@ def run_check(
             break
         except Exception as exc:  # noqa: BLE001 - report, never raise
             if failure is None:
-                return _raised(name, exc, where, call)
+                batched = any(isinstance(a, torch.Tensor) and a.dim() > 2 for a in case.args)
+                return _raised(name, exc, where, call, batched=batched)
             break
         try:
             problem = _compare(got, expected, label, tol)
@@ -397,11 +402,11 @@ def run_check(
     return CheckResult(False, f"{name}: {problem} ({where})", call)
 
 
-def _raised(name, exc, where, call, extra=""):
+def _raised(name, exc, where, call, extra="", *, batched=False):
     text = _one_line(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
     line = _learner_line(exc)
     details = call + (f"\n{line}" if line else "")
-    if re.search(r"\.T\b", line) and isinstance(exc, RuntimeError):
+    if batched and isinstance(exc, RuntimeError) and re.search(r"\.T\b", line):
         details += "\nhint: .T reverses ALL dims of a tensor with batch dims; use .transpose(-2, -1)"
     return CheckResult(False, f"{name}: your function raised {text}{extra} ({where})", details)
 

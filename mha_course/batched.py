@@ -1,0 +1,189 @@
+"""Tools for looking inside the batched implementation (notebook 04): where every feature of
+every token lands when a (B, L, d_model) tensor is split into heads — the right way and the
+classic wrong reshape —, which PyTorch kernels a call actually runs, and a small timer.
+
+The maps are computed by applying the reshapes themselves to a tensor of element indices, so
+they show exactly what ``view``/``transpose`` do to memory, not a formula about them.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import matplotlib.pyplot as plt
+import torch
+from matplotlib.colors import BoundaryNorm, ListedColormap
+from matplotlib.ticker import MaxNLocator
+
+from . import _validate
+from .heads import split_heads
+
+#: aten kernels that show how attention was computed (see :func:`kernels_called`)
+ATTENTION_KERNELS = (
+    "bmm",
+    "baddbmm",
+    "_softmax",
+    "_safe_softmax",
+    "_native_multi_head_attention",
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_fused_attention_overrideable",
+)
+
+
+def wrong_split_heads(x, num_heads: int):
+    """The classic bug: ``x.view(B, h, L, d_head)`` with no transpose. Same shape as
+    :func:`~mha_course.split_heads`, but head i receives the i-th contiguous slice of memory —
+    whole consecutive *tokens* cut into d_head-wide pieces — instead of feature columns."""
+    _validate.tensor("x", x, dims=3)
+    B, L, D = x.shape
+    d_head = _validate.divisible(D, num_heads)
+    return x.reshape(B, num_heads, L, d_head)  # (B, h, L, d_head), but the rows are not tokens
+
+
+def source_map(seq_len: int, num_heads: int, d_head: int, *, wrong: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where each element of the split tensor came from, for one sequence of ``seq_len`` tokens.
+
+    Returns ``(token, feature)``, two int64 tensors of shape (h, L, d_head): element
+    ``[i, p, j]`` of head i at position p, column j, is feature ``feature[i, p, j]`` of token
+    ``token[i, p, j]`` of the input (L, h*d_head). With ``wrong=False`` (``split_heads``) every
+    head has token p at position p; with ``wrong=True`` (``view(B, h, L, d_head)``) it does not.
+    """
+    for name, value in (("seq_len", seq_len), ("num_heads", num_heads), ("d_head", d_head)):
+        _validate.positive_int(name, value)
+    d_model = num_heads * d_head
+    index = torch.arange(seq_len * d_model).view(1, seq_len, d_model)  # element ids in memory order
+    heads = (wrong_split_heads if wrong else split_heads)(index, num_heads)[0]  # (h, L, d_head)
+    return heads // d_model, heads % d_model
+
+
+def head_of_element(seq_len: int, num_heads: int, d_head: int, *, wrong: bool = False) -> torch.Tensor:
+    """(L, h*d_head) int64: the head that element [token, feature] of the input is sent to."""
+    token, feature = source_map(seq_len, num_heads, d_head, wrong=wrong)
+    owner = torch.empty(seq_len, num_heads * d_head, dtype=torch.long)
+    head = torch.arange(num_heads).view(-1, 1, 1).expand_as(token)
+    owner[token.reshape(-1), feature.reshape(-1)] = head.reshape(-1)
+    return owner
+
+
+def draw_layout(seq_len: int = 6, num_heads: int = 2, d_head: int = 3):
+    """Figure: right split (left column) vs ``view(B, h, L, d_head)`` (right column).
+
+    Top row: the input (L tokens × d_model features) coloured by the head each element goes to.
+    Bottom row: the split tensor laid out as h blocks of (L positions × d_head), each cell
+    showing which token it holds (colour) and, when small, ``token.feature`` as text.
+    """
+    d_model = num_heads * d_head
+    fig, axes = plt.subplots(2, 2, figsize=(11, 4.2 + 0.45 * seq_len), layout="constrained")
+    head_cmap = ListedColormap(
+        plt.get_cmap("tab10").colors[: max(num_heads, 1)]
+        if num_heads <= 10
+        else plt.get_cmap("tab20").colors[:num_heads]
+    )
+    head_norm = BoundaryNorm(torch.arange(num_heads + 1).float().sub(0.5).tolist(), head_cmap.N)
+    small = seq_len * d_model <= 96
+    for col, wrong in enumerate((False, True)):
+        name = "WRONG: view(B, h, L, d_head)" if wrong else "right: view(B, L, h, d_head).transpose(1, 2)"
+        owner = head_of_element(seq_len, num_heads, d_head, wrong=wrong)
+        ax = axes[0, col]
+        im = ax.imshow(owner.numpy(), cmap=head_cmap, norm=head_norm, aspect="auto")
+        ax.set_title(f"input (L={seq_len}, d_model={d_model}) coloured by head\n{name}")
+        ax.set_xlabel("feature of the input")
+        ax.set_ylabel("token")
+        ax.set_yticks(range(seq_len))
+        if small:
+            for t in range(seq_len):
+                for f in range(d_model):
+                    ax.text(f, t, f"h{owner[t, f].item()}", ha="center", va="center", fontsize=7, color="white")
+        fig.colorbar(im, ax=ax, ticks=range(num_heads), label="head", fraction=0.05)
+
+        token, feature = source_map(seq_len, num_heads, d_head, wrong=wrong)
+        grid = token.permute(1, 0, 2).reshape(seq_len, d_model)  # heads side by side: (L, h*d_head)
+        ax = axes[1, col]
+        im = ax.imshow(grid.numpy(), cmap="viridis", vmin=0, vmax=max(seq_len - 1, 1), aspect="auto")
+        ax.set_title(f"{name.split(':')[0]}: the (h, L, d_head) result, head blocks side by side")
+        ax.set_xlabel("head block · column j of d_head")
+        ax.set_ylabel("position p inside the head")
+        ax.set_yticks(range(seq_len))
+        ax.set_xticks([i * d_head + (d_head - 1) / 2 for i in range(num_heads)])
+        ax.set_xticklabels([f"head {i}" for i in range(num_heads)])
+        for i in range(1, num_heads):
+            ax.axvline(i * d_head - 0.5, color="white", lw=2)
+        if small:
+            feats = feature.permute(1, 0, 2).reshape(seq_len, d_model)
+            for p in range(seq_len):
+                for c in range(d_model):
+                    ax.text(
+                        c,
+                        p,
+                        f"{grid[p, c].item()}.{feats[p, c].item()}",
+                        ha="center",
+                        va="center",
+                        fontsize=7,
+                        color="white" if grid[p, c] < seq_len / 2 else "black",
+                    )
+        fig.colorbar(im, ax=ax, label="source token", fraction=0.05, ticks=MaxNLocator(integer=True))
+    fig.suptitle(
+        f"Which token and feature lands in which head (L={seq_len}, h={num_heads}, d_head={d_head}); "
+        "text = token.feature"
+    )
+    return fig
+
+
+def kernels_called(fn: Callable[[], object], *, keep: tuple[str, ...] | None = ATTENTION_KERNELS) -> list[str]:
+    """Run ``fn()`` and return the names of the aten kernels it dispatched, in order (only
+    those in ``keep``; all of them with ``keep=None``). Tells which implementation PyTorch chose,
+    e.g. one fused ``_scaled_dot_product_flash_attention_for_cpu`` vs ``bmm, _softmax, bmm``."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    names: list[str] = []
+
+    class _Log(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with _Log():
+        fn()
+    return [n for n in names if keep is None or n in keep]
+
+
+def median_times(
+    fns: dict[str, Callable[[], object]], *, repeats: int = 5, warmup: int = 1, num_threads: int | None = None
+) -> dict[str, float]:
+    """Median wall time in seconds of each ``fns[name]()``, timed round-robin (one call of each
+    per round, after ``warmup`` untimed rounds) so that a change in machine load hits all alike.
+    ``num_threads`` sets torch's intra-op threads for the measurement (restored afterwards).
+    Compare the results as ratios from one run, never as absolute numbers."""
+    _validate.positive_int("repeats", repeats)
+    previous = torch.get_num_threads()
+    if num_threads is not None:
+        torch.set_num_threads(_validate.positive_int("num_threads", num_threads))
+    try:
+        for _ in range(warmup):
+            for fn in fns.values():
+                fn()
+        times: dict[str, list[float]] = {name: [] for name in fns}
+        for _ in range(repeats):
+            for name, fn in fns.items():
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(previous)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def proof_line(claim: str, got: torch.Tensor, expected: torch.Tensor, *, atol: float = 1e-5) -> str:
+    """One line ``✅ claim: max abs error 3.0e-07`` — or ``❌ ...`` when the tensors differ in
+    shape or by more than ``atol`` — for the notebooks' "proven equal" statements."""
+    if got.shape != expected.shape:
+        return f"❌ {claim}: shapes differ, {tuple(got.shape)} vs {tuple(expected.shape)}"
+    error = (got.detach().double() - expected.detach().double()).abs().max().item() if got.numel() else 0.0
+    if error == 0.0:
+        return f"✅ {claim}: bitwise identical"
+    return f"{'✅' if error <= atol else '❌'} {claim}: max abs error {error:.1e}"

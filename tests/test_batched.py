@@ -1,0 +1,147 @@
+"""mha_course.batched: the layout maps against closed-form index arithmetic, the kernel log
+against what PyTorch documents, the timer and the proof line."""
+
+import time
+
+import matplotlib
+import pytest
+import torch
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+
+import mha_course as mc  # noqa: E402
+from mha_course import batched  # noqa: E402
+
+SHAPES = [(1, 1, 1), (4, 2, 2), (6, 2, 3), (5, 3, 4), (7, 4, 1), (3, 6, 2)]
+
+
+@pytest.mark.parametrize("L, h, d_head", SHAPES)
+def test_source_map_right_split_keeps_tokens_and_takes_column_blocks(L, h, d_head):
+    token, feature = batched.source_map(L, h, d_head)
+    for i in range(h):
+        for p in range(L):
+            assert token[i, p].tolist() == [p] * d_head
+            assert feature[i, p].tolist() == list(range(i * d_head, (i + 1) * d_head))
+
+
+@pytest.mark.parametrize("L, h, d_head", SHAPES)
+def test_source_map_wrong_view_deals_out_memory_in_order(L, h, d_head):
+    token, feature = batched.source_map(L, h, d_head, wrong=True)
+    d_model = h * d_head
+    for i in range(h):
+        for p in range(L):
+            flat = (i * L + p) * d_head  # the row starts at this element of the row-major (L, d_model) input
+            assert token[i, p].tolist() == [flat // d_model] * d_head
+            assert feature[i, p].tolist() == [flat % d_model + j for j in range(d_head)]
+
+
+@pytest.mark.parametrize("L, h, d_head", SHAPES)
+def test_head_of_element(L, h, d_head):
+    right = batched.head_of_element(L, h, d_head)
+    wrong = batched.head_of_element(L, h, d_head, wrong=True)
+    d_model = h * d_head
+    t = torch.arange(L).view(-1, 1).expand(L, d_model)
+    f = torch.arange(d_model).view(1, -1).expand(L, d_model)
+    assert torch.equal(right, f // d_head)
+    assert torch.equal(wrong, (t * d_model + f) // (L * d_head))
+
+
+def test_wrong_split_is_a_different_function_only_when_it_must_be():
+    x = torch.randn(2, 6, 8)
+    assert torch.equal(batched.wrong_split_heads(x, 4), x.view(2, 4, 6, 2))
+    assert not torch.equal(batched.wrong_split_heads(x, 4), mc.split_heads(x, 4))
+    # one head or one token: nothing to mix up, both agree
+    assert torch.equal(batched.wrong_split_heads(x, 1), mc.split_heads(x, 1))
+    x1 = torch.randn(2, 1, 8)
+    assert torch.equal(batched.wrong_split_heads(x1, 4), mc.split_heads(x1, 4))
+    with pytest.raises(ValueError, match="divisible"):
+        batched.wrong_split_heads(x, 3)
+
+
+def test_draw_layout_shows_both_maps():
+    fig = batched.draw_layout(seq_len=4, num_heads=2, d_head=2)
+    try:
+        axes = [ax for ax in fig.axes if ax.get_images()]
+        assert len(axes) == 4
+        assert "L=4, h=2, d_head=2" in fig._suptitle.get_text()
+        top_right, top_wrong = axes[0].get_images()[0].get_array(), axes[1].get_images()[0].get_array()  # row-major
+        # right split: column blocks; wrong view: token bands
+        assert top_right.tolist() == [[0, 0, 1, 1]] * 4
+        assert top_wrong.tolist() == [[0, 0, 0, 0]] * 2 + [[1, 1, 1, 1]] * 2
+        bottom_wrong = axes[3].get_images()[0].get_array()
+        assert bottom_wrong.tolist() == [[0, 0, 2, 2], [0, 0, 2, 2], [1, 1, 3, 3], [1, 1, 3, 3]]
+        assert "WRONG" in axes[1].get_title() and "right" in axes[0].get_title()
+        assert all(ax.get_xlabel() and ax.get_ylabel() and ax.get_title() for ax in axes)
+    finally:
+        plt.close(fig)
+
+
+def test_draw_layout_large_has_no_text_and_many_heads():
+    fig = batched.draw_layout(seq_len=12, num_heads=12, d_head=4)
+    try:
+        assert all(not ax.texts for ax in fig.axes)
+    finally:
+        plt.close(fig)
+
+
+def test_kernels_called_sees_the_implementation_pytorch_chose():
+    q = k = v = torch.randn(1, 2, 8, 4)
+    fused = batched.kernels_called(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v))
+    explicit = batched.kernels_called(lambda: mc.scaled_dot_product_attention(q, k, v))
+    assert len(fused) == 1 and "attention" in fused[0]
+    assert "_softmax" in explicit and "attention" not in " ".join(explicit)
+    assert "add" in batched.kernels_called(lambda: q + k, keep=None)
+
+
+def test_kernels_called_shows_nn_multihead_fast_path():
+    m = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    x = torch.randn(2, 3, 8)
+    with torch.no_grad():
+        fast = batched.kernels_called(lambda: m(x, x, x, need_weights=False))
+    slow = batched.kernels_called(lambda: m(x, x, x, need_weights=True))  # grad enabled: no fast path
+    assert fast == ["_native_multi_head_attention"]
+    assert "_native_multi_head_attention" not in slow and "_softmax" in slow
+
+
+def test_median_times_is_a_median_of_round_robin_calls():
+    calls = []
+    durations = iter([0.0, 0.03, 0.001, 0.001])  # warm-up, then three timed calls
+
+    def slow():
+        calls.append("slow")
+        time.sleep(next(durations))
+
+    def fast():
+        calls.append("fast")
+
+    times = batched.median_times({"slow": slow, "fast": fast}, repeats=3, warmup=1)
+    assert calls == ["slow", "fast"] * 4  # one warm-up round, then three timed rounds, interleaved
+    assert 0.0009 < times["slow"] < 0.02  # median of (0.03, 0.001, 0.001) ignores the outlier
+    assert times["fast"] < times["slow"]
+    with pytest.raises(ValueError):
+        batched.median_times({"f": fast}, repeats=0)
+
+
+def test_median_times_sets_and_restores_threads():
+    before = torch.get_num_threads()
+    seen = []
+    batched.median_times({"f": lambda: seen.append(torch.get_num_threads())}, repeats=2, num_threads=1)
+    assert seen == [1, 1, 1] and torch.get_num_threads() == before
+
+    def boom():
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        batched.median_times({"f": boom}, num_threads=1)
+    assert torch.get_num_threads() == before
+
+
+def test_proof_line():
+    a = torch.ones(3)
+    assert batched.proof_line("same", a, a.clone()) == "✅ same: bitwise identical"
+    assert batched.proof_line("close", a, a + 2**-20).startswith("✅ close: max abs error 9.5e-07")
+    assert batched.proof_line("far", a, a + 1).startswith("❌ far")
+    assert batched.proof_line("nan", a * float("nan"), a).startswith("❌")
+    assert "shapes differ" in batched.proof_line("shape", a, torch.ones(4))

@@ -140,8 +140,11 @@ def test_median_times_sets_and_restores_threads():
 
 def test_proof_line():
     a = torch.ones(3)
-    assert batched.proof_line("same", a, a.clone()) == "✅ same: bitwise identical"
-    assert batched.proof_line("close", a, a + 2**-20).startswith("✅ close: max abs error 9.5e-07")
-    assert batched.proof_line("far", a, a + 1).startswith("❌ far")
+    assert batched.proof_line("same", a, a.clone(), exact=True) == "✅ same: bitwise identical"
+    assert batched.proof_line("copy?", a, a + 2**-20, exact=True).startswith("❌ copy?: not bitwise identical")
+    assert batched.proof_line("close", a, a + 2**-22) == "✅ close: max abs error < 1e-06"
+    assert batched.proof_line("same", a, a.clone()) == "✅ same: max abs error < 1e-06"
+    assert batched.proof_line("loose", a, a + 1e-4, bound=1e-3) == "✅ loose: max abs error < 1e-03"
+    assert batched.proof_line("far", a, a + 0.25) == "❌ far: max abs error 2.50e-01 (bound 1e-06)"
     assert batched.proof_line("nan", a * float("nan"), a).startswith("❌")
     assert "shapes differ" in batched.proof_line("shape", a, torch.ones(4))

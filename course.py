@@ -26,7 +26,7 @@ STAMP = VENV / ".mha-course-installed"
 
 
 def ensure_environment() -> None:
-    if sys.version_info < (3, 10):
+    if sys.version_info < (3, 10):  # noqa: UP036 (this script may be started by an older python3)
         sys.exit(f"mha-course needs Python >= 3.10, this is {sys.version.split()[0]}")
     if not PY.exists():
         print(f"creating {VENV} ...", flush=True)

@@ -25,6 +25,7 @@ Notebooks
     setup(seed=0), environment_report()
 """
 
+from . import check, plotting, quiz, widgets  # noqa: E402
 from .accounting import attention_flops, count_attention_params, kv_cache_bytes
 from .attention import scaled_dot_product_attention
 from .configs import MODEL_CONFIGS, ModelConfig
@@ -34,15 +35,29 @@ from .heads import merge_heads, split_heads
 from .masks import causal_mask, padding_mask, sliding_window_mask
 from .multihead import LoopedMultiHeadAttention, MultiHeadAttention
 
-from . import check, plotting, quiz, widgets  # noqa: E402
-
 __version__ = "0.1.0"
 
 __all__ = [
-    "scaled_dot_product_attention", "split_heads", "merge_heads",
-    "LoopedMultiHeadAttention", "MultiHeadAttention",
-    "causal_mask", "padding_mask", "sliding_window_mask",
-    "repeat_kv", "GroupedQueryAttention", "KVCache",
-    "count_attention_params", "attention_flops", "kv_cache_bytes", "MODEL_CONFIGS", "ModelConfig",
-    "check", "setup", "environment_report",
+    "scaled_dot_product_attention",
+    "split_heads",
+    "merge_heads",
+    "LoopedMultiHeadAttention",
+    "MultiHeadAttention",
+    "causal_mask",
+    "padding_mask",
+    "sliding_window_mask",
+    "repeat_kv",
+    "GroupedQueryAttention",
+    "KVCache",
+    "count_attention_params",
+    "attention_flops",
+    "kv_cache_bytes",
+    "MODEL_CONFIGS",
+    "ModelConfig",
+    "check",
+    "plotting",
+    "quiz",
+    "widgets",
+    "setup",
+    "environment_report",
 ]

@@ -7,27 +7,61 @@ from __future__ import annotations
 
 #: (file stem, title, one line on what it shows)
 NOTEBOOKS: list[tuple[str, str, str]] = [
-    ("00_setup_check", "Setup check", "Is your environment ready? How exercises and checkers work; notation; glossary."),
-    ("01_single_head_attention", "Single-head attention",
-     "Q/K/V as a soft dictionary lookup (the address book); why divide by √d_k; one query asks one question."),
-    ("02_multi_head_attention", "Multi-head attention",
-     "Two questions → two heads; heads see the whole sequence; the looped implementation = PyTorch's."),
-    ("03_parameter_and_compute_accounting", "Parameters and compute",
-     "4·d² parameters whatever h is; FLOPs 8·B·L·d² + 4·B·L²·d; real models from their configs."),
-    ("04_batched_implementation", "The batched implementation",
-     "h small matrices = one big one; split/merge heads (and the wrong reshape); nn.MultiheadAttention interop."),
-    ("05_masks_and_cross_attention", "Masks and cross-attention",
-     "Padding and causal masks across APIs; fully masked rows; leakage test; encoder–decoder attention."),
-    ("06_gqa_mqa_and_kv_cache", "GQA, MQA and the KV cache",
-     "Sharing K/V heads (Llama 3 8B); cache bytes = formula; cached decoding = full recomputation."),
-    ("07_do_heads_specialize", "Do heads specialise?",
-     "Tiny models trained on a CPU: one head vs several on a two-relation task; ablation and pruning."),
-    ("08_heads_in_a_pretrained_model", "Heads in a pretrained model",
-     "all-MiniLM-L6-v2 run through the course's attention; its heads visualised and ablated."),
-    ("09_efficient_attention", "Efficient attention",
-     "The L² score matrix; tiling with an online softmax (the FlashAttention idea); SDPA; benchmarks."),
-    ("10_transformer_block_and_debugging", "Transformer block and debugging",
-     "An encoder block = nn.TransformerEncoderLayer; permutation equivariance; diagnosing broken attention."),
+    (
+        "00_setup_check",
+        "Setup check",
+        "Is your environment ready? How exercises and checkers work; notation; glossary.",
+    ),
+    (
+        "01_single_head_attention",
+        "Single-head attention",
+        "Q/K/V as a soft dictionary lookup (the address book); why divide by √d_k; one query asks one question.",
+    ),
+    (
+        "02_multi_head_attention",
+        "Multi-head attention",
+        "Two questions → two heads; heads see the whole sequence; the looped implementation = PyTorch's.",
+    ),
+    (
+        "03_parameter_and_compute_accounting",
+        "Parameters and compute",
+        "4·d² parameters whatever h is; FLOPs 8·B·L·d² + 4·B·L²·d; real models from their configs.",
+    ),
+    (
+        "04_batched_implementation",
+        "The batched implementation",
+        "h small matrices = one big one; split/merge heads (and the wrong reshape); nn.MultiheadAttention interop.",
+    ),
+    (
+        "05_masks_and_cross_attention",
+        "Masks and cross-attention",
+        "Padding and causal masks across APIs; fully masked rows; leakage test; encoder–decoder attention.",
+    ),
+    (
+        "06_gqa_mqa_and_kv_cache",
+        "GQA, MQA and the KV cache",
+        "Sharing K/V heads (Llama 3 8B); cache bytes = formula; cached decoding = full recomputation.",
+    ),
+    (
+        "07_do_heads_specialize",
+        "Do heads specialise?",
+        "Tiny models trained on a CPU: one head vs several on a two-relation task; ablation and pruning.",
+    ),
+    (
+        "08_heads_in_a_pretrained_model",
+        "Heads in a pretrained model",
+        "all-MiniLM-L6-v2 run through the course's attention; its heads visualised and ablated.",
+    ),
+    (
+        "09_efficient_attention",
+        "Efficient attention",
+        "The L² score matrix; tiling with an online softmax (the FlashAttention idea); SDPA; benchmarks.",
+    ),
+    (
+        "10_transformer_block_and_debugging",
+        "Transformer block and debugging",
+        "An encoder block = nn.TransformerEncoderLayer; permutation equivariance; diagnosing broken attention.",
+    ),
 ]
 
 #: (symbol, meaning) — used identically in every notebook and in the package
@@ -97,6 +131,10 @@ def course_map_markdown(*, colab_base: str | None = None, existing: set[str] | N
         if existing is not None and stem not in existing:
             continue
         link = f"[{stem}](notebooks/{stem}.ipynb)"
-        colab = f" [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab_base}notebooks/{stem}.ipynb)" if colab_base else ""
+        colab = (
+            f" [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab_base}notebooks/{stem}.ipynb)"
+            if colab_base
+            else ""
+        )
         rows.append((stem[:2], f"**{title}**", line, link + colab))
     return _table(("#", "notebook", "what you will see", "open"), rows)

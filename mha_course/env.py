@@ -25,8 +25,9 @@ def setup(seed: int = 0, *, precision: int = 4) -> None:
     torch.set_printoptions(precision=precision, sci_mode=False)
     import matplotlib
 
-    matplotlib.rcParams.update({"figure.dpi": 80, "savefig.dpi": 80, "figure.figsize": (6.4, 4.0),
-                                "axes.titlesize": "medium"})
+    matplotlib.rcParams.update(
+        {"figure.dpi": 80, "savefig.dpi": 80, "figure.figsize": (6.4, 4.0), "axes.titlesize": "medium"}
+    )
     try:  # inline backend: PNG only (nbval does not compare PNG bytes)
         from matplotlib_inline.backend_inline import set_matplotlib_formats
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,7 +26,7 @@ def repository() -> tuple[str, str]:
     text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
     m = re.search(r'^Repository\s*=\s*"https://github\.com/([^/"]+)/([^/"]+?)(?:\.git)?/?"', text, re.M)
     if not m:
-        raise ValueError("pyproject.toml has no [project.urls] Repository = \"https://github.com/OWNER/REPO\"")
+        raise ValueError('pyproject.toml has no [project.urls] Repository = "https://github.com/OWNER/REPO"')
     return m.group(1), m.group(2)
 
 
@@ -98,7 +97,9 @@ def execute(path: Path, *, timeout: int = 600) -> None:
 
     os.environ.update(EXEC_ENV)
     nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(Path(path).parent)}}).execute()
+    NotebookClient(
+        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(Path(path).parent)}}
+    ).execute()
     for cell in nb.cells:  # keep metadata free of run-dependent data (dates, timings)
         cell.get("metadata", {}).pop("execution", None)
     nbformat.write(nb, path)

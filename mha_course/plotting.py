@@ -6,14 +6,31 @@ import matplotlib.pyplot as plt
 import torch
 
 
-def heatmap(matrix, *, row_labels=None, col_labels=None, title: str, xlabel: str = "key position",
-            ylabel: str = "query position", ax=None, annotate: bool | None = None, cmap: str = "viridis",
-            vmin=None, vmax=None, colorbar: bool = True, fmt: str = "{:.2f}"):
+def heatmap(
+    matrix,
+    *,
+    row_labels=None,
+    col_labels=None,
+    title: str,
+    xlabel: str = "key position",
+    ylabel: str = "query position",
+    ax=None,
+    annotate: bool | None = None,
+    cmap: str = "viridis",
+    vmin=None,
+    vmax=None,
+    colorbar: bool = True,
+    fmt: str = "{:.2f}",
+):
     """Draw a 2-D matrix (e.g. attention weights (Lq, Lk)) as a labelled heatmap; returns the Axes.
 
     ``annotate`` writes each value in its cell (default: when the matrix is at most 8×8).
     """
-    m = matrix.detach().float().cpu() if isinstance(matrix, torch.Tensor) else torch.as_tensor(matrix, dtype=torch.float32)
+    m = (
+        matrix.detach().float().cpu()
+        if isinstance(matrix, torch.Tensor)
+        else torch.as_tensor(matrix, dtype=torch.float32)
+    )
     if m.dim() != 2:
         raise ValueError(f"matrix must be 2-D, got shape {tuple(m.shape)}")
     if ax is None:
@@ -37,8 +54,15 @@ def heatmap(matrix, *, row_labels=None, col_labels=None, title: str, xlabel: str
         mid = (m.max() + m.min()) / 2
         for i in range(m.shape[0]):
             for j in range(m.shape[1]):
-                ax.text(j, i, fmt.format(m[i, j].item()), ha="center", va="center", fontsize=8,
-                        color="black" if m[i, j] > mid else "white")
+                ax.text(
+                    j,
+                    i,
+                    fmt.format(m[i, j].item()),
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    color="black" if m[i, j] > mid else "white",
+                )
     if colorbar:
         ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     return ax

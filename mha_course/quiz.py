@@ -60,8 +60,10 @@ def static_markdown(quiz: dict) -> str:
         lines += [f"{chr(97 + j)}) {o['text']}" for j, o in enumerate(q["options"])]
         answer = next(j for j, o in enumerate(q["options"]) if o["correct"])
         lines += ["", "<details><summary>Answer</summary>", ""]
-        lines += [f"- **{chr(97 + j)})** {'✅' if o['correct'] else '❌'} {o['explanation']}"
-                  for j, o in enumerate(q["options"])]
+        lines += [
+            f"- **{chr(97 + j)})** {'✅' if o['correct'] else '❌'} {o['explanation']}"
+            for j, o in enumerate(q["options"])
+        ]
         lines += ["", f"Correct: **{chr(97 + answer)})** — see *{q['section']}*.", "", "</details>", ""]
     return "\n".join(lines)
 
@@ -82,8 +84,9 @@ def widget(quiz: dict):
     rows = []
     for i, q in enumerate(quiz["questions"], 1):
         labels = [o["text"] for o in q["options"]]
-        radio = W.RadioButtons(options=[(t, j) for j, t in enumerate(labels)],
-                               value=None, layout=W.Layout(width="auto"))
+        radio = W.RadioButtons(
+            options=[(t, j) for j, t in enumerate(labels)], value=None, layout=W.Layout(width="auto")
+        )
         note = W.HTML("")
 
         def on_change(change, q=q, note=note):

@@ -21,7 +21,7 @@ GIB = 2**30  # bytes in a GiB
 
 
 def family_name(num_heads: int, num_kv_heads: int) -> str:
-    """ "MHA" (num_kv_heads == num_heads), "MQA" (== 1) or "GQA" (in between)."""
+    """The family name: MHA (num_kv_heads == num_heads), MQA (== 1) or GQA (in between)."""
     _check_heads(num_heads, num_kv_heads)
     if num_kv_heads == num_heads:
         return "MHA"

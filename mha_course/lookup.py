@@ -74,6 +74,27 @@ def table(rows, row_labels, col_labels, *, fmt: str = "{:.3f}") -> str:
     return "\n".join(lines)
 
 
+def draw_bars(series: dict, labels, *, title: str, xlabel: str, ylabel: str):
+    """Grouped bar chart of a few lookups side by side: one group per label, one bar per series.
+
+    ``series`` maps a legend name to values of shape (len(labels),), e.g. attention weights over
+    RECORDS or outputs over VALUE_NAMES; every bar carries its value (3 decimals). The legend
+    sits to the right of the axes, clear of the bars. Returns the Figure.
+    """
+    n = len(series)
+    width = 0.8 / n
+    fig, ax = plt.subplots(figsize=(10, 3.6))
+    for i, (name, values) in enumerate(series.items()):
+        x = torch.arange(len(labels)) + (i - (n - 1) / 2) * width  # bar i of every group
+        bars = ax.bar(x.tolist(), torch.as_tensor(values).tolist(), width, label=name)
+        ax.bar_label(bars, fmt="%.3f", fontsize=8)
+    ax.set_xticks(range(len(labels)), labels)
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel, ylim=(0, 1.1))
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    fig.tight_layout()
+    return fig
+
+
 def draw_lookup(
     zhang_san: float = 3.0, li_si: float = 0.0, address: float = 1.0, phone: float = 1.0, scaled: bool = True
 ):

@@ -103,6 +103,26 @@ def test_draw_lookup_without_scaling_is_sharper():
         matplotlib.pyplot.close(fig)
 
 
+def test_draw_bars_groups_one_bar_per_series_and_keeps_the_legend_off_the_bars():
+    series = {"combined": [0.45, 0.45, 0.1], "address": [0.909, 0.045, 0.045], "phone": [0.047, 0.95, 0.002]}
+    fig = lookup.draw_bars(series, lookup.VALUE_NAMES, title="t", xlabel="answer slot", ylabel="amount")
+    try:
+        (ax,) = fig.axes
+        heights = [p.get_height() for p in ax.patches]
+        assert heights == pytest.approx([v for values in series.values() for v in values])
+        centres = [p.get_x() + p.get_width() / 2 for p in ax.patches]
+        assert centres[3:6] == pytest.approx([0, 1, 2])  # the middle series is centred on its label
+        assert [t.get_text() for t in ax.get_xticklabels()] == list(lookup.VALUE_NAMES)
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == list(series)
+        assert {t.get_text() for t in ax.texts} >= {"0.450", "0.950"}  # values written on the bars
+        fig.canvas.draw()
+        legend, axes_box = ax.get_legend().get_window_extent(), ax.get_window_extent()
+        assert legend.x0 > axes_box.x1  # outside the axes: it cannot cover a bar or a label
+        assert max(heights) < ax.get_ylim()[1]
+    finally:
+        matplotlib.pyplot.close(fig)
+
+
 # --- the checker mc.check.address_book_query -------------------------------------------------
 
 FEATURE = {"Zhang San": 0, "Li Si": 1, "address": 2, "phone": 3}

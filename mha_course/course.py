@@ -124,17 +124,28 @@ def notation_markdown() -> str:
     return _table(("symbol", "meaning"), ((f"`{s}`", m) for s, m in NOTATION))
 
 
-def course_map_markdown(*, colab_base: str | None = None, existing: set[str] | None = None) -> str:
-    """The course map as a Markdown table; with ``colab_base`` (…/blob/main/) a Colab link per row."""
+def course_map_markdown(
+    *, colab_base: str | None = None, existing: set[str] | None = None, student: set[str] | None = None
+) -> str:
+    """The course map as a Markdown table; with ``colab_base`` (…/blob/main/) a Colab link per row;
+    with ``student`` (the stems that have a student edition in notebooks/student/) a column with
+    the student edition's links."""
+    badge = "[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
     rows = []
     for stem, title, line in NOTEBOOKS:
         if existing is not None and stem not in existing:
             continue
         link = f"[{stem}](notebooks/{stem}.ipynb)"
-        colab = (
-            f" [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab_base}notebooks/{stem}.ipynb)"
-            if colab_base
-            else ""
-        )
-        rows.append((stem[:2], f"**{title}**", line, link + colab))
-    return _table(("#", "notebook", "what you will see", "open"), rows)
+        colab = f" {badge}({colab_base}notebooks/{stem}.ipynb)" if colab_base else ""
+        row = (stem[:2], f"**{title}**", line, link + colab)
+        if student:
+            if stem in student:
+                colab = f" {badge}({colab_base}notebooks/student/{stem}.ipynb)" if colab_base else ""
+                row += (f"[student](notebooks/student/{stem}.ipynb){colab}",)
+            else:
+                row += ("—",)
+        rows.append(row)
+    header = ("#", "notebook", "what you will see", "open")
+    if student:
+        header = header[:3] + ("solved edition", "student edition (exercises to fill in)")
+    return _table(header, rows)

@@ -31,13 +31,22 @@ def repository() -> tuple[str, str]:
 
 
 def colab_url(path: Path) -> str:
+    return colab_url_for(Path(path).resolve().relative_to(ROOT).as_posix())
+
+
+def colab_url_for(rel: str) -> str:
+    """The Colab URL of the notebook at ``rel`` (a path relative to the repository root)."""
     owner, repo = repository()
-    rel = Path(path).resolve().relative_to(ROOT).as_posix()
     return f"https://colab.research.google.com/github/{owner}/{repo}/blob/main/{rel}"
 
 
 def badge(path: Path) -> str:
-    return f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab_url(path)})"
+    return badge_for(Path(path).resolve().relative_to(ROOT).as_posix())
+
+
+def badge_for(rel: str) -> str:
+    """The "Open in Colab" badge (Markdown) of the notebook at repo-relative path ``rel``."""
+    return f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab_url_for(rel)})"
 
 
 def setup_source() -> str:
@@ -141,9 +150,11 @@ def readme_text() -> str:
 
     owner, repo = repository()
     existing = {p.stem for p in numbered_notebooks()}
+    student = {p.stem for p in (NOTEBOOKS / "student").glob("[0-9][0-9]_*.ipynb")}  # the student edition
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     base = f"https://colab.research.google.com/github/{owner}/{repo}/blob/main/"
-    text = _replace_block(text, "course-map", course.course_map_markdown(colab_base=base, existing=existing))
+    course_map = course.course_map_markdown(colab_base=base, existing=existing, student=student)
+    text = _replace_block(text, "course-map", course_map)
     return _replace_block(text, "glossary", course.glossary_markdown())
 
 

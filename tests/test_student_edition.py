@@ -1,0 +1,453 @@
+"""The student edition: built right from the solution notebooks, holds no solution, is fresh, and
+runs top to bottom (every checker saying "not attempted"); plus the instructor guide's coverage.
+
+The execution tests start one kernel per student notebook and share nothing on disk, so they can
+run in parallel with everything else (``pytest -n auto`` spreads them over the workers).
+"""
+
+from __future__ import annotations
+
+import configparser
+import copy
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from mha_course import check, notebook_tools
+from mha_course import student_edition as se
+
+ROOT = notebook_tools.ROOT
+SOLUTIONS = notebook_tools.numbered_notebooks()
+STUDENT = se.STUDENT_DIR
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+
+
+def _src(cell) -> str:
+    s = cell.get("source", "")
+    return "".join(s) if isinstance(s, list) else s
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _output_texts(cell) -> list[str]:
+    texts = []
+    for out in cell.get("outputs", []):
+        if "text" in out:
+            texts.append(_src({"source": out["text"]}))
+        for mime, value in out.get("data", {}).items():
+            if mime.startswith("text/") or mime.endswith("json"):
+                texts.append(value if isinstance(value, str) else json.dumps(value))
+        if out.get("output_type") == "error":
+            texts.append("\n".join(out.get("traceback", [])))
+    return texts
+
+
+def _code_cell(source, outputs=(), count=None, tags=()):
+    cell = nbformat.v4.new_code_cell(source, execution_count=count, outputs=list(outputs))
+    if tags:
+        cell.metadata["tags"] = list(tags)
+    return cell
+
+
+def _stream(text):
+    return nbformat.v4.new_output("stream", name="stdout", text=text)
+
+
+# ---------------------------------------------------------------------------------------------
+# the transformation, on small made-up cells
+
+
+TWO_REGIONS = '''import torch
+
+
+def first(x):
+    """Double x."""
+    ### BEGIN SOLUTION hint: multiply by 2
+    y = x * 2  # the doubling
+    return y
+    ### END SOLUTION
+
+
+class Box:
+    def second(self, x):
+        ### BEGIN SOLUTION hint: add one
+        return x + 1
+        ### END SOLUTION
+
+
+mc.check.first(first)'''
+
+
+def test_each_region_becomes_a_numbered_raise_indented_like_its_begin_line():
+    new, found = se.strip_solutions(TWO_REGIONS, notebook="07_topic", cell=4, first_number=3)
+    assert new == (
+        'import torch\n\n\ndef first(x):\n    """Double x."""\n'
+        '    raise NotImplementedError("Exercise 7.3 — multiply by 2")\n\n\n'
+        "class Box:\n    def second(self, x):\n"
+        '        raise NotImplementedError("Exercise 7.4 — add one")\n\n\n'
+        "mc.check.first(first)"
+    )
+    assert [(e.number, e.hint, e.function, e.checker, e.cell) for e in found] == [
+        ("7.3", "multiply by 2", "first", "first", 4),
+        ("7.4", "add one", "second", "first", 4),
+    ]
+    assert found[0].solution == ("    y = x * 2  # the doubling", "    return y")
+    assert found[0].message == "Exercise 7.3 — multiply by 2"
+
+
+def test_a_cell_without_regions_is_unchanged():
+    source = "x = 1\n# ### BEGIN SOLUTION mentioned in a comment is not a marker\nprint(x)\n"
+    assert se.strip_solutions(source, notebook="03_x", cell=0) == (source, [])
+
+
+@pytest.mark.parametrize(
+    "hint",
+    ['use "double quotes" and \\n a backslash', "√d_k, Lq ≠ Lk — 中文 too", "trailing spaces   "],
+)
+def test_the_raise_is_valid_python_that_shows_the_hint_verbatim(hint):
+    source = f"def f(x):\n    {BEGIN} hint: {hint}\n    return x\n    {END}\n"
+    new, (exercise,) = se.strip_solutions(source, notebook="10_x", cell=0)
+    namespace: dict = {}
+    exec(compile(new, "<student cell>", "exec"), namespace)
+    with pytest.raises(NotImplementedError) as info:
+        namespace["f"](1)
+    assert str(info.value) == f"Exercise 10.1 — {hint.strip()}"
+    assert exercise.number == "10.1"
+
+
+def test_a_long_hint_is_wrapped_as_ruff_format_would_and_stays_valid():
+    hint = "a long hint " * 12
+    source = f"def f(x):\n    {BEGIN} hint: {hint}\n    return x\n    {END}\n"
+    new, _ = se.strip_solutions(source, notebook="02_x", cell=0)
+    assert new.splitlines()[1:4] == [
+        "    raise NotImplementedError(",
+        f'        "Exercise 2.1 — {hint.strip()}"',
+        "    )",
+    ]
+    compile(new, "<student cell>", "exec")
+    ruff = Path(sys.executable).parent / "ruff"
+    if ruff.exists():  # the wrapped form is what ruff itself would write
+        done = subprocess.run(
+            [str(ruff), "format", "--check", "--line-length", "120", "-"], input=new, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    "source, words",
+    [
+        (f"def f():\n    {BEGIN}\n    return 1\n    {END}\n", "without a hint"),
+        (f"def f():\n    {BEGIN} hint:   \n    return 1\n    {END}\n", "without a hint"),
+        (f"def f():\n    {BEGIN} hint: h\n    return 1\n", "without an END"),
+        (f"def f():\n    return 1\n    {END}\n", "without a BEGIN"),
+        (f"def f():\n    {BEGIN} hint: a\n    {BEGIN} hint: b\n    {END}\n    {END}\n", "second BEGIN"),
+        (f"{BEGIN} hint: h\nx = 1\n{END}\n", "top level"),
+    ],
+)
+def test_malformed_markup_is_an_error_naming_the_notebook_and_the_cell(source, words):
+    with pytest.raises(se.SolutionMarkupError) as info:
+        se.strip_solutions(source, notebook="05_masks", cell=17)
+    message = str(info.value)
+    assert words in message and "05_masks" in message and "cell 17" in message
+
+
+def _toy_notebook():
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [
+        nbformat.v4.new_markdown_cell(
+            "# 07 · Toy\n\n"
+            + notebook_tools.badge_for("notebooks/07_toy.ipynb")
+            + "\n\nSee [the authoring guide](../docs/authoring.md), [notebook 01](01_single_head_attention.ipynb)"
+            ' and `f["q"](../docs/authoring.md)`.'
+        ),
+        _code_cell("x = 1\nprint(x)", [_stream("1\n")], count=1),
+        _code_cell(
+            f"def f(x):\n    {BEGIN} hint: return x\n    return x\n    {END}\n\n\nmc.check.f(f)",
+            [_stream("✅ f: correct\n")],
+            count=2,
+            tags=["exercise"],
+        ),
+        _code_cell("print('the answer is 42')", [_stream("the answer is 42\n")], count=3, tags=["solution"]),
+        nbformat.v4.new_markdown_cell("Solution-only prose", metadata={"tags": ["solution"]}),
+        _code_cell("print(x + 1)", [_stream("2\n")], count=4),
+    ]
+    return nb
+
+
+def test_student_notebook_removes_solutions_and_clears_only_changed_cells():
+    nb = _toy_notebook()
+    before = copy.deepcopy(nb)
+    student, found = se.student_notebook(nb, notebook="07_toy")
+    assert nb == before, "the solution notebook must not be modified"
+    sources = [_src(c) for c in student.cells]
+    assert len(student.cells) == 4 and not any("answer is 42" in s or "Solution-only" in s for s in sources)
+    kept, changed, after = student.cells[1], student.cells[2], student.cells[3]
+    assert (kept.execution_count, kept.outputs) == (1, nb.cells[1].outputs)
+    assert (after.execution_count, after.outputs) == (4, nb.cells[5].outputs)
+    assert changed.execution_count is None and changed.outputs == []
+    assert changed.metadata["tags"] == ["exercise"]
+    assert 'raise NotImplementedError("Exercise 7.1 — return x")' in changed.source
+    assert [e.number for e in found] == ["7.1"]
+    title = student.cells[0].source
+    assert notebook_tools.badge_for("notebooks/student/07_toy.ipynb") in title
+    assert "notebooks/07_toy.ipynb)" not in title and se.NOTE in title
+    assert "(../../docs/authoring.md)" in title, "a link out of the folder must still work one level down"
+    assert "(01_single_head_attention.ipynb)" in title, "a sibling notebook's student copy sits next to it"
+    assert '`f["q"](../docs/authoring.md)`' in title, "code spans are left alone"
+
+
+def test_build_writes_every_notebook_and_check_detects_staleness(tmp_path):
+    out = tmp_path / "student"
+    assert se.main([str(out), "--check"]) == 1  # nothing there yet
+    assert se.main([str(out)]) == 0
+    assert sorted(p.name for p in out.glob("*.ipynb")) == [p.name for p in SOLUTIONS]
+    assert se.stale(out) == [] and se.main([str(out), "--check"]) == 0
+    (out / "99_orphan.ipynb").write_text("{}")
+    victim = out / SOLUTIONS[0].name
+    victim.write_text(victim.read_text(encoding="utf-8").replace("Student edition", "Edition"), encoding="utf-8")
+    problems = se.stale(out)
+    assert any("99_orphan" in p for p in problems) and any(SOLUTIONS[0].name in p for p in problems)
+    se.build(out)  # a full build repairs the copy and removes notebooks without a source
+    assert se.stale(out) == [] and not (out / "99_orphan.ipynb").exists()
+
+
+def test_checker_diagnoses_are_the_mistake_lists_of_the_checkers():
+    from mha_course.check import attention
+
+    assert se.checker_diagnoses("scaled_dot_product_attention") == [m.diagnosis for m in attention._SDPA_MISTAKES]
+    diagnoses = se.checker_diagnoses("causal_mask")
+    assert len(diagnoses) >= 3 and any("diagonal" in d for d in diagnoses)
+    assert se.checker_diagnoses("address_book_query") == []  # a hand-written checker without run_check
+
+
+# ---------------------------------------------------------------------------------------------
+# the committed student edition
+
+
+def test_committed_student_edition_is_fresh(tmp_path):
+    """Rebuilt into a temporary folder, the edition equals the committed copy byte for byte."""
+    se.build(tmp_path)
+    built = sorted(p.name for p in tmp_path.glob("*.ipynb"))
+    committed = sorted(p.name for p in STUDENT.glob("*.ipynb"))
+    assert committed == built, "run `python -m mha_course student-edition notebooks/student`"
+    for name in built:
+        assert (STUDENT / name).read_bytes() == (tmp_path / name).read_bytes(), (
+            f"notebooks/student/{name} is stale: run `python -m mha_course student-edition notebooks/student`"
+        )
+
+
+def _solution_parts(nb):
+    """(lines inside solution regions and solution-tagged cells, hints, the solution notebook's
+    text outside them) — parsed here independently of the builder."""
+    secret, hints, allowed = [], [], []
+    for cell in nb["cells"]:
+        source = _src(cell)
+        if "solution" in cell.get("metadata", {}).get("tags", []):
+            secret += source.splitlines() + [line for t in _output_texts(cell) for line in t.splitlines()]
+            continue
+        inside, has_region = False, False
+        for line in source.splitlines():
+            stripped = line.strip()
+            if stripped.startswith(BEGIN):
+                inside, has_region = True, True
+                hints.append(stripped.split("hint:", 1)[1].strip())
+            elif stripped.startswith(END):
+                inside = False
+            elif inside:
+                secret.append(line)
+            else:
+                allowed.append(line)
+        if not has_region:  # an exercise cell's outputs show the solution at work
+            allowed += _output_texts(cell)
+    return secret, hints, "\n".join(allowed + hints)
+
+
+def leaks(solution_nb: dict, student_nb: dict) -> list[str]:
+    """Pieces of the solutions found in the student notebook: a whole line of a solution region
+    (whitespace-normalised), the code of a line (≥ 12 characters) or its comment (≥ 8 characters)
+    anywhere in its sources or outputs — unless the piece also occurs in the solution notebook
+    outside the regions (then the notebook shows it anyway) or in an author's hint."""
+    secret, _, allowed = _solution_parts(solution_nb)
+    allowed_lines = {_norm(line) for line in allowed.splitlines()}
+    allowed_flat = _norm(allowed)
+    texts = [_src(c) for c in student_nb["cells"]] + [t for c in student_nb["cells"] for t in _output_texts(c)]
+    student_lines = {_norm(line) for t in texts for line in t.splitlines()}
+    student_flat = _norm("\n".join(texts))
+    found = []
+    for line in secret:
+        whole = _norm(line)
+        code, _, comment = line.partition("#")
+        code, comment = _norm(code), _norm(comment)
+        if whole and whole in student_lines and whole not in allowed_lines:
+            found.append(f"line {whole!r}")
+        elif len(code) >= 12 and code in student_flat and code not in allowed_flat:
+            found.append(f"code {code!r}")
+        elif len(comment) >= 8 and comment in student_flat and comment not in allowed_flat:
+            found.append(f"comment {comment!r}")
+    return found
+
+
+def test_leak_detector_finds_solutions_left_behind():
+    nb = _toy_notebook()
+    nb.cells[2].source = f"def f(x):\n    {BEGIN} hint: h\n    y = x.clone().mul_(3)  # triple it in place\n    {END}\n"
+    nb.cells[3].source = "print(x + 1)  # a line of the solution-only cell"
+    solution = json.loads(nbformat.writes(nb))
+    student = copy.deepcopy(solution)
+    student["cells"] = [c for c in student["cells"] if "solution" not in c["metadata"].get("tags", [])]
+    assert leaks(solution, student) == ["line 'y = x.clone().mul_(3) # triple it in place'"]
+    student["cells"][2]["source"] = "raise NotImplementedError"
+    assert leaks(solution, student) == []
+    student["cells"].append(nbformat.v4.new_markdown_cell("Remember: triple it in place."))
+    assert leaks(solution, student) == ["comment 'triple it in place'"]
+    student["cells"][-1]["source"] = "y = x.clone().mul_(3)"
+    assert leaks(solution, student) == ["code 'y = x.clone().mul_(3)'"]
+    student["cells"].pop()
+    student["cells"].append(nbformat.v4.new_markdown_cell("`print(x + 1)` would print 2"))
+    assert leaks(solution, student) == [], "a line shown outside the solution anyway is no leak"
+
+
+def _pairs():
+    return [(p, STUDENT / p.name) for p in SOLUTIONS]
+
+
+@pytest.mark.parametrize("solution, student", _pairs(), ids=lambda p: p.stem)
+def test_no_solution_survives(solution, student):
+    solution_nb = json.loads(solution.read_text(encoding="utf-8"))
+    student_nb = json.loads(student.read_text(encoding="utf-8"))
+    assert leaks(solution_nb, student_nb) == []
+    code = "\n".join(_src(c) for c in student_nb["cells"] if c["cell_type"] == "code")
+    assert BEGIN not in code and END not in code
+    assert not any("solution" in c["metadata"].get("tags", []) for c in student_nb["cells"])
+    # one raise per region, numbered N.1, N.2, ... with the author's hints
+    secret, hints, _ = _solution_parts(solution_nb)
+    n = int(solution.stem[:2])
+    pattern = r'raise NotImplementedError\(\s*"Exercise (\d+)\.(\d+) — (.*)"\s*\)'
+    raised = re.findall(pattern, code)
+    for shown in re.findall(pattern, "\n".join(_src(c) for c in solution_nb["cells"] if c["cell_type"] == "code")):
+        raised.remove(shown)  # a raise the solution notebook shows itself (notebook 00's example)
+    assert [(int(a), int(b)) for a, b, _ in raised] == [(n, m) for m in range(1, len(hints) + 1)]
+    assert [h for _, _, h in raised] == [json.dumps(h, ensure_ascii=False)[1:-1] for h in hints]
+    # the exercise cells lost their outputs and counts; every other code cell kept them
+    kept = [c for c in solution_nb["cells"] if "solution" not in c["metadata"].get("tags", [])]
+    assert len(kept) == len(student_nb["cells"])
+    for before, after in zip(kept, student_nb["cells"], strict=True):
+        if after["cell_type"] != "code":
+            continue
+        if BEGIN in _src(before):
+            assert (after["outputs"], after["execution_count"]) == ([], None)
+        else:
+            assert _src(after) == _src(before)
+            assert (after["outputs"], after["execution_count"]) == (before["outputs"], before["execution_count"])
+
+
+def test_every_exercise_has_a_hint_and_an_existing_checker():
+    found = se.exercises()
+    for e in found:
+        assert e.hint and e.checker, f"Exercise {e.number} ({e.notebook}) needs a hint and a mc.check call"
+        assert e.checker in check.available(), f"Exercise {e.number}: mc.check.{e.checker} does not exist"
+    assert len({e.number for e in found}) == len(found)
+
+
+# ---------------------------------------------------------------------------------------------
+# every student notebook runs top to bottom
+
+
+def _sanitizers():
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "tests" / "sanitize.cfg", encoding="utf-8")
+    return [(re.compile(cfg[s]["regex"]), cfg[s]["replace"]) for s in cfg.sections()]
+
+
+SKIPPED_MIMES = ("image/png", "image/jpeg", "application/vnd.jupyter.widget-view+json")
+
+
+def _comparable(cell) -> list[str]:
+    """The outputs strict nbval compares (consecutive stream chunks joined), sanitised the same way."""
+    values: list[str] = []
+    for out in cell.get("outputs", []):
+        if "text" in out:
+            text = f"{out.get('name')}: {_src({'source': out['text']})}"
+            if values and values[-1].startswith(f"{out.get('name')}: "):
+                text = values.pop() + text.split(": ", 1)[1]
+            values.append(text)
+        for mime, value in sorted(out.get("data", {}).items()):
+            if mime not in SKIPPED_MIMES:
+                values.append(f"{mime}: {value if isinstance(value, str) else json.dumps(value, sort_keys=True)}")
+    for pattern, replacement in _sanitizers():
+        values = [pattern.sub(replacement, v) for v in values]
+    return values
+
+
+@pytest.mark.parametrize("path", [STUDENT / p.name for p in SOLUTIONS], ids=lambda p: p.stem)
+def test_student_notebook_runs_top_to_bottom(path):
+    """Executed in a fresh kernel (PYTHONHASHSEED=0, set by conftest.py): no error, every exercise
+    check says "not attempted", and every cell the build left unchanged prints what it printed in
+    the solution notebook — so nothing after an exercise depends on the learner's function."""
+    from nbclient import NotebookClient
+
+    assert path.exists(), "run `python -m mha_course student-edition notebooks/student`"
+    stored = nbformat.read(path, as_version=4)
+    nb = copy.deepcopy(stored)
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    for index, (before, after) in enumerate(zip(stored.cells, nb.cells, strict=True)):
+        if after.cell_type != "code":
+            continue
+        errors = [o for o in after.outputs if o.output_type == "error"]
+        assert not errors, f"cell {index} raised {errors[0].ename}: {errors[0].evalue}"
+        source = _src(after)
+        if before.execution_count is None and re.search(r'raise NotImplementedError\(\s*"Exercise', source):
+            shown = "\n".join(_output_texts(after))
+            assert "not attempted" in shown, f"cell {index}: the check should say 'not attempted', got {shown!r}"
+            assert "✅" not in shown and "❌" not in shown
+        elif before.execution_count is not None and "nbval-ignore-output" not in before.metadata.get("tags", []):
+            if re.search(r"\bmc\.check\.\w+\(", source) and "not attempted" in "\n".join(_output_texts(after)):
+                continue  # another check of the learner's function (e.g. a stricter stretch check)
+            assert _comparable(after) == _comparable(before), (
+                f"cell {index} prints something else than in the solution notebook — does it use the "
+                f"learner's function? (use the package's reference after an exercise)\n{source[:200]}"
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# the instructor guide
+
+
+def test_instructor_guide_exercise_reference_is_current():
+    assert se.GUIDE.read_text(encoding="utf-8") == se.guide_text(), (
+        "docs/instructor_guide.md's exercise reference is stale: run "
+        "`python -m mha_course student-edition notebooks/student`"
+    )
+
+
+def test_instructor_guide_has_teaching_notes_for_every_exercise_and_covers_every_notebook():
+    guide = se.GUIDE.read_text(encoding="utf-8")
+    generated = guide.split("<!-- exercise-reference:start -->")[1].split("<!-- exercise-reference:end -->")[0]
+    notes = guide.replace(generated, "")
+    numbers = re.findall(r"^### Exercise (\d+\.\d+)\b", notes, re.M)
+    assert sorted(numbers) == sorted(e.number for e in se.exercises()), "one '### Exercise N.M' section each"
+    for section in re.split(r"^### ", notes, flags=re.M)[1:]:
+        if section.startswith("Exercise"):
+            for word in ("Unblock", "Discuss"):
+                assert f"**{word}" in section, f"### {section.splitlines()[0]}: no **{word}…** part"
+    for path in SOLUTIONS:
+        assert path.stem in notes, f"the guide's agendas do not mention {path.stem}"
+
+
+def test_readme_course_map_links_both_editions_of_every_notebook():
+    """The generated course map (README.md, kept current by test_project) has, per notebook, the
+    solved and the student edition, each with its Colab link."""
+    text = notebook_tools.readme_text()
+    course_map = text.split("<!-- course-map:start -->")[1].split("<!-- course-map:end -->")[0]
+    rows = {line.split("|")[1].strip(): line for line in course_map.splitlines()[2:] if line.startswith("|")}
+    for path in SOLUTIONS:
+        row = rows[path.name[:2]]
+        for rel in (f"notebooks/{path.name}", f"notebooks/student/{path.name}"):
+            assert f"]({rel})" in row and f"({notebook_tools.colab_url_for(rel)})" in row, f"{path.stem}: {rel}"

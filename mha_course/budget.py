@@ -20,6 +20,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import torch
 from matplotlib.patches import Patch
+from matplotlib.ticker import ScalarFormatter
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -229,12 +230,14 @@ def draw_head_budget(d_model: int = 512, num_heads: int = 8, seq_len: int = 1024
     ax1.set_ylabel("parameters")
     handles = [line, Patch(color="tab:blue"), Patch(color="tab:red")]
     labels = [f"all heads: 4·d² + 4·d = {total:,}", "one head's weights: 4·d·d_head", f"h = {num_heads}"]
-    ax1.legend(handles, labels, loc="lower left", fontsize=8)
+    ax1.set_ylim(min(per_head) / 2, total * 10)  # headroom above the total line for the legend
+    ax1.legend(handles, labels, loc="upper right", fontsize=8)
     lo, hi = TYPICAL_HEAD_DIMS
     ax2.axhspan(lo, hi, color="tab:green", alpha=0.15, label=f"d_head {lo}–{hi} (real models)")
     ax2.plot([str(h) for h in hs], [d_model // h for h in hs], "o-", color="tab:blue")
     ax2.plot([str(num_heads)], [d_head], "o", color="tab:red", ms=10, label=f"h = {num_heads}: d_head = {d_head}")
     ax2.set_yscale("log", base=2)
+    ax2.yaxis.set_major_formatter(ScalarFormatter())  # 64, not 2^6
     ax2.set_title("Head width d_head = d_model / h")
     ax2.set_xlabel("number of heads h")
     ax2.set_ylabel("d_head")

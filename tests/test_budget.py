@@ -121,6 +121,9 @@ def test_draw_head_budget_shows_the_chosen_head_count():
     ]
     assert red == ["16"]
     assert list(ax2.lines[0].get_ydata()) == [512 // int(h) for h in labels]
+    fig.canvas.draw()
+    legend = ax1.get_legend().get_window_extent()
+    assert not any(legend.overlaps(p.get_window_extent()) for p in ax1.patches)  # the legend hides no bar
     plt.close(fig)
     with pytest.raises(ValueError, match="not divisible"):
         budget.draw_head_budget(d_model=512, num_heads=7)

@@ -79,6 +79,36 @@ def test_model_source_falls_back_to_the_hub_id_without_the_package(monkeypatch):
     assert pretrained.model_source() == pretrained.HUB_ID == "sentence-transformers/all-MiniLM-L6-v2"
 
 
+def test_loader_reads_a_folder_locally_and_a_hub_id_from_the_hub(monkeypatch):
+    """The online path (Colab, without the package) without touching the network: record the calls."""
+    import transformers
+
+    calls = []
+
+    class Model:
+        def eval(self):
+            return self
+
+    def recorder(kind):
+        def from_pretrained(source, **kwargs):
+            calls.append((kind, source, kwargs.get("local_files_only")))
+            return Model() if kind == "model" else object()
+
+        return from_pretrained
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", recorder("tokenizer"))
+    monkeypatch.setattr(transformers.AutoModel, "from_pretrained", recorder("model"))
+    pretrained.load_reference(pretrained.HUB_ID)
+    folder = pretrained.model_source()
+    pretrained.load_reference(folder)
+    assert calls == [
+        ("tokenizer", pretrained.HUB_ID, False),
+        ("model", pretrained.HUB_ID, False),
+        ("tokenizer", folder, True),
+        ("model", folder, True),
+    ]
+
+
 def test_loader_works_offline_and_gives_the_real_model(loaded):
     tokenizer, reference, _ = loaded
     c = reference.config

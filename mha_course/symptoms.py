@@ -1,0 +1,220 @@
+"""Attention bugs on purpose: the models and tasks behind notebook 10's troubleshooting table.
+
+* The **partner task**: a toy problem that a one-layer attention model solves in a few dozen
+  steps. Tokens come in pairs (``A``/``a``, ``B``/``b``, ...); every token carries a colour
+  (0–3). A sequence holds both members of 4 random pairs in random order, and the target at each
+  position is the colour of that token's partner — so every query must find exactly one key.
+  :class:`PartnerModel` (embeddings + ``block.Encoder`` + readout) and :func:`train_partner`.
+* **Broken parts**: :class:`HandWrittenAttention` (the layer as it is often first written,
+  with its two hazards), :func:`copy_head` (heads initialised identically),
+  :class:`MaskBugDecoder` (a causal mask forgotten or inverted), :func:`with_attention`.
+* :func:`draw` — the symptom explorer's figure: the diagnostics dashboard of a case.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import _validate
+from .block import Encoder
+from .diagnostics import Report, draw_report
+from .heads import merge_heads, split_heads
+from .masks import causal_mask
+from .multihead import MultiHeadAttention
+
+NUM_PAIRS, PAIRS_PER_SEQ, NUM_COLORS = 8, 4, 4
+
+# ---------------------------------------------------------------------------------------------
+# the partner task
+# ---------------------------------------------------------------------------------------------
+
+
+def partner_batch(batch_size: int, *, generator: torch.Generator | None = None):
+    """A batch of the partner task: ``tokens``, ``colors``, ``target``, each (B, L) int64, L = 8.
+
+    Token 2j and 2j+1 are partners (labels ``A``/``a`` for j = 0); ``target[b, i]`` is the
+    colour of the partner of ``tokens[b, i]``, which is somewhere else in the same sequence.
+    """
+    _validate.positive_int("batch_size", batch_size)
+    B, n = batch_size, PAIRS_PER_SEQ
+    pairs = torch.rand(B, NUM_PAIRS, generator=generator).argsort(dim=1)[:, :n]  # (B, n) distinct pairs
+    tokens = torch.cat([2 * pairs, 2 * pairs + 1], dim=1)  # (B, 2n): both members of each pair
+    order = torch.rand(B, 2 * n, generator=generator).argsort(dim=1)
+    tokens = tokens.gather(1, order)  # shuffled
+    colors = torch.randint(NUM_COLORS, (B, 2 * n), generator=generator)
+    where = (tokens[:, None, :] == (tokens ^ 1)[:, :, None]).long().argmax(dim=-1)  # (B, L) partner position
+    return tokens, colors, colors.gather(1, where)
+
+
+def token_labels(tokens: torch.Tensor, colors: torch.Tensor) -> list[str]:
+    """Labels for one sequence: ``A2`` = the upper-case member of pair A, colour 2."""
+    letters = [chr(65 + int(t) // 2) if int(t) % 2 == 0 else chr(97 + int(t) // 2) for t in tokens]
+    return [f"{letter}{int(c)}" for letter, c in zip(letters, colors, strict=True)]
+
+
+class PartnerModel(nn.Module):
+    """Token + colour embeddings, an ``Encoder`` (1 pre-norm block by default), a linear readout.
+
+    ``embed(tokens, colors)`` -> (B, L, d_model); ``forward(tokens, colors)`` -> logits
+    (B, L, NUM_COLORS). Diagnose the attention part with ``report(model.encoder, model.embed(...))``.
+    """
+
+    def __init__(self, d_model: int = 32, num_heads: int = 2, *, num_layers: int = 1):
+        super().__init__()
+        self.token = nn.Embedding(2 * NUM_PAIRS, d_model)
+        self.color = nn.Embedding(NUM_COLORS, d_model)
+        self.encoder = Encoder(num_layers, d_model, num_heads, 2 * d_model, norm_first=True)
+        self.readout = nn.Linear(d_model, NUM_COLORS)
+
+    def embed(self, tokens: torch.Tensor, colors: torch.Tensor) -> torch.Tensor:
+        return self.token(tokens) + self.color(colors)  # (B, L, d_model); no positions needed
+
+    def forward(self, tokens: torch.Tensor, colors: torch.Tensor) -> torch.Tensor:
+        return self.readout(self.encoder(self.embed(tokens, colors)))  # (B, L, NUM_COLORS)
+
+
+def train_partner(
+    model: PartnerModel, *, steps: int, lr: float, batch_size: int = 32, seed: int = 0, progress: bool = True
+) -> list[float]:
+    """Train ``model`` on fresh partner batches with Adam; returns the loss of every step.
+    The batches come from a generator seeded with ``seed`` (the same data on every run)."""
+    from tqdm.auto import tqdm
+
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    model.train()
+    losses = []
+    for _ in tqdm(range(steps), desc=f"training (lr={lr:g})", disable=not progress):
+        tokens, colors, target = partner_batch(batch_size, generator=gen)
+        loss = F.cross_entropy(model(tokens, colors).flatten(0, 1), target.flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    model.eval()
+    return losses
+
+
+@torch.no_grad()
+def accuracy(model: PartnerModel, tokens, colors, target) -> float:
+    """Fraction of positions whose partner colour the model predicts."""
+    return (model(tokens, colors).argmax(dim=-1) == target).float().mean().item()
+
+
+# ---------------------------------------------------------------------------------------------
+# broken parts
+# ---------------------------------------------------------------------------------------------
+
+
+class HandWrittenAttention(MultiHeadAttention):
+    """``mc.MultiHeadAttention``'s weights with attention written the way it often is at first::
+
+        scores = q @ k.transpose(-2, -1) / math.sqrt(d_head)
+        scores = scores.masked_fill(~mask, float("-inf"))
+        weights = scores.softmax(dim=-1)
+
+    Correct in float32 on ordinary inputs, with two hazards: the scores are scaled *after* the
+    matmul, so a float16 matmul can overflow to inf first (inf - inf = NaN in the softmax); and a
+    query whose keys are all masked gets softmax(-inf, ..., -inf) = 0/0 = NaN.
+    (``mc.MultiHeadAttention`` scales q before the matmul and defines an empty row as output 0.)
+    Same signature and return as ``MultiHeadAttention.forward``.
+    """
+
+    def forward(self, query, key=None, value=None, *, mask=None, need_weights=True):
+        key = query if key is None else key
+        value = key if value is None else value
+        h = self.num_heads
+        q = split_heads(self.q_proj(query), h)  # (B, h, Lq, d_head)
+        k = split_heads(self.k_proj(key), h)  # (B, h, Lk, d_head)
+        v = split_heads(self.v_proj(value), h)  # (B, h, Lk, d_head)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, h, Lq, Lk), in q's dtype
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        weights = scores.softmax(dim=-1)  # (B, h, Lq, Lk)
+        return self.out_proj(merge_heads(weights @ v)), weights  # (B, Lq, d_model)
+
+
+def with_attention(model: nn.Module, cls: type[MultiHeadAttention]) -> nn.Module:
+    """A deep copy of ``model`` whose every ``MultiHeadAttention`` (or subclass) is replaced by
+    ``cls`` holding the same weights: the same model with a different attention computation."""
+    new = copy.deepcopy(model)
+    for name, module in list(new.named_modules()):
+        if isinstance(module, MultiHeadAttention) and type(module) is not cls:
+            swapped = cls(
+                module.d_model,
+                module.num_heads,
+                bias=module.q_proj.bias is not None,
+                kdim=module.kdim,
+                vdim=module.vdim,
+                dropout=module.dropout,
+            )
+            swapped.load_state_dict(module.state_dict())
+            swapped.to(module.q_proj.weight).train(module.training)
+            parent_name, _, attr = name.rpartition(".")
+            setattr(new.get_submodule(parent_name) if parent_name else new, attr, swapped)
+    return new
+
+
+@torch.no_grad()
+def copy_head(attn: MultiHeadAttention, src: int = 0) -> MultiHeadAttention:
+    """Initialise every head of ``attn`` identically, in place: head ``src``'s rows of W_Q, W_K,
+    W_V (and biases) and its column block of W_O are copied to all heads — what a buggy init
+    that builds one head and repeats it does. Returns ``attn``."""
+    d, h = attn.d_head, attn.num_heads
+    if not 0 <= src < h:
+        raise ValueError(f"src must be a head index in [0, {h - 1}], got {src}")
+    rows = slice(src * d, (src + 1) * d)
+    for proj in (attn.q_proj, attn.k_proj, attn.v_proj):
+        proj.weight.copy_(proj.weight[rows].repeat(h, 1))  # (h*d_head, d_model)
+        if proj.bias is not None:
+            proj.bias.copy_(proj.bias[rows].repeat(h))
+    attn.out_proj.weight.copy_(attn.out_proj.weight[:, rows].repeat(1, h))  # (d_model, h*d_head)
+    return attn
+
+
+class MaskBugDecoder(Encoder):
+    """A causal (GPT-style) stack with a switch for the two classic mask bugs.
+
+    ``bug=None``: every block gets ``mc.causal_mask(L)`` (True = may attend) — correct.
+    ``bug="forgotten"``: the mask is built but never passed to the blocks.
+    ``bug="inverted"``: the mask is written in PyTorch's convention for ``nn.Transformer``
+    (``triu(diagonal=1)``, True = *blocked*) and given to an API where True = may attend.
+    ``forward(x) -> x``: (B, L, d_model) -> (B, L, d_model).
+    """
+
+    BUGS = (None, "forgotten", "inverted")
+
+    def __init__(self, *args, bug: str | None = None, **kwargs):
+        if bug not in self.BUGS:
+            raise ValueError(f"bug must be one of {self.BUGS}, got {bug!r}")
+        super().__init__(*args, **kwargs)
+        self.bug = bug
+
+    def forward(self, x: torch.Tensor, *, mask=None) -> torch.Tensor:
+        L = x.shape[1]
+        if self.bug == "inverted":
+            mask = torch.ones(L, L, dtype=torch.bool, device=x.device).triu(diagonal=1)  # True = blocked
+        else:
+            mask = causal_mask(L, device=x.device)  # (L, L), True = may attend
+        for layer in self.layers:
+            x = layer(x) if self.bug == "forgotten" else layer(x, mask=mask)  # (B, L, d_model)
+        return self.norm(x)
+
+
+# ---------------------------------------------------------------------------------------------
+# the symptom explorer
+# ---------------------------------------------------------------------------------------------
+
+
+def draw(reports: dict[tuple[str, str], Report], symptom: str, version: str = "broken"):
+    """The diagnostics dashboard (``diagnostics.draw_report``) of one case of the notebook's
+    troubleshooting table: ``reports[(symptom, version)]``, version "broken" or "fixed"."""
+    if (symptom, version) not in reports:
+        known = sorted({s for s, _ in reports})
+        raise ValueError(f"no report for ({symptom!r}, {version!r}); symptoms: {known}, versions: broken, fixed")
+    return draw_report(reports[symptom, version], title=f"{symptom} — {version}")

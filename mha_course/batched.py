@@ -24,6 +24,7 @@ from .heads import split_heads
 ATTENTION_KERNELS = (
     "bmm",
     "baddbmm",
+    "softmax",  # softmax(..., out=...) dispatches the composite op itself
     "_softmax",
     "_safe_softmax",
     "_native_multi_head_attention",
@@ -176,23 +177,3 @@ def median_times(
     finally:
         torch.set_num_threads(previous)
     return {name: statistics.median(ts) for name, ts in times.items()}
-
-
-def proof_line(
-    claim: str, got: torch.Tensor, expected: torch.Tensor, *, bound: float = 1e-6, exact: bool = False
-) -> str:
-    """One line for the notebooks' "proven equal" statements: ``✅ claim: max abs error < 1e-06``
-    when the tensors agree within ``bound`` (the bound, not the exact rounding error, is printed:
-    that differs between CPUs), else ``❌ claim: max abs error 2.50e-01 (bound 1e-06)``.
-    With ``exact=True`` (pure data movement: views, copies) the claim is bitwise equality."""
-    if got.shape != expected.shape:
-        return f"❌ {claim}: shapes differ, {tuple(got.shape)} vs {tuple(expected.shape)}"
-    if exact:
-        if torch.equal(got, expected):
-            return f"✅ {claim}: bitwise identical"
-        error = (got.detach().double() - expected.detach().double()).abs().max().item()
-        return f"❌ {claim}: not bitwise identical (max abs error {error:.2e})"
-    error = (got.detach().double() - expected.detach().double()).abs().max().item() if got.numel() else 0.0
-    if error < bound:
-        return f"✅ {claim}: max abs error < {bound:.0e}"
-    return f"❌ {claim}: max abs error {error:.2e} (bound {bound:.0e})"

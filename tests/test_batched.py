@@ -1,5 +1,5 @@
 """mha_course.batched: the layout maps against closed-form index arithmetic, the kernel log
-against what PyTorch documents, the timer and the proof line."""
+against what PyTorch documents, and the timer."""
 
 import time
 
@@ -91,7 +91,8 @@ def test_kernels_called_sees_the_implementation_pytorch_chose():
     fused = batched.kernels_called(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v))
     explicit = batched.kernels_called(lambda: mc.scaled_dot_product_attention(q, k, v))
     assert len(fused) == 1 and "attention" in fused[0]
-    assert "_softmax" in explicit and "attention" not in " ".join(explicit)
+    assert explicit[0] == explicit[-1] == "bmm" and "softmax" in " ".join(explicit)  # _softmax or softmax.out
+    assert "attention" not in " ".join(explicit)
     assert "add" in batched.kernels_called(lambda: q + k, keep=None)
 
 
@@ -136,15 +137,3 @@ def test_median_times_sets_and_restores_threads():
     with pytest.raises(RuntimeError):
         batched.median_times({"f": boom}, num_threads=1)
     assert torch.get_num_threads() == before
-
-
-def test_proof_line():
-    a = torch.ones(3)
-    assert batched.proof_line("same", a, a.clone(), exact=True) == "✅ same: bitwise identical"
-    assert batched.proof_line("copy?", a, a + 2**-20, exact=True).startswith("❌ copy?: not bitwise identical")
-    assert batched.proof_line("close", a, a + 2**-22) == "✅ close: max abs error < 1e-06"
-    assert batched.proof_line("same", a, a.clone()) == "✅ same: max abs error < 1e-06"
-    assert batched.proof_line("loose", a, a + 1e-4, bound=1e-3) == "✅ loose: max abs error < 1e-03"
-    assert batched.proof_line("far", a, a + 0.25) == "❌ far: max abs error 2.50e-01 (bound 1e-06)"
-    assert batched.proof_line("nan", a * float("nan"), a).startswith("❌")
-    assert "shapes differ" in batched.proof_line("shape", a, torch.ones(4))

@@ -1,10 +1,7 @@
 """Notebook 02: the hand-set heads of the example sentence, its explorer figure, the per-head
-multi-head-attention checker and the quiz."""
+multi-head-attention checker (the quiz is checked with all the others in test_quizzes.py)."""
 
-import json
 import math
-import re
-from pathlib import Path
 
 import matplotlib
 import pytest
@@ -18,7 +15,6 @@ from mha_course.check import per_head
 matplotlib.use("Agg")
 
 T = sentence.TOKENS
-NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "02_multi_head_attention.ipynb"
 
 
 @torch.no_grad()
@@ -198,18 +194,3 @@ def test_checker_reference_is_the_sentence_computation():
     x, w = sentence.embeddings(), sentence.head_weights()
     got = per_head._reference(x[None], w["w_q"], w["w_k"], w["w_v"], w["w_o"])[0]
     torch.testing.assert_close(got, sentence.attention_by_hand(x, w)["out"])
-
-
-# --- the quiz ---------------------------------------------------------------------------------------
-
-
-def test_quiz_sections_are_headings_of_the_notebook():
-    quiz = mc.quiz.load("02")
-    assert quiz["notebook"] == NOTEBOOK.stem
-    if not NOTEBOOK.exists():
-        pytest.skip("notebook not built")
-    cells = json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]
-    text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
-    headings = set(re.findall(r"^## (.+)$", text, re.M))
-    for q in quiz["questions"]:
-        assert q["section"] in headings, q["section"]

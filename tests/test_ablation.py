@@ -1,8 +1,4 @@
-"""Notebook 07's head ablation, attention mass, pruning, figures, the ablate_heads checker and quiz."""
-
-import json
-import re
-from pathlib import Path
+"""Notebook 07's head ablation, attention mass, pruning, figures and the ablate_heads checker."""
 
 import matplotlib
 import pytest
@@ -14,8 +10,6 @@ from mha_course import ablation
 from mha_course.check import specialize
 
 matplotlib.use("Agg")
-
-NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "07_do_heads_specialize.ipynb"
 
 
 def heads_by_hand(attn, x):
@@ -201,21 +195,6 @@ def test_checker_reports_not_attempted():
 
     result = mc.check.ablate_heads(todo)
     assert result.status == "not attempted"
-
-
-# --- the quiz ---------------------------------------------------------------------------------------
-
-
-def test_quiz_sections_are_headings_of_the_notebook():
-    quiz = mc.quiz.load("07")
-    assert quiz["notebook"] == NOTEBOOK.stem
-    if not NOTEBOOK.exists():
-        pytest.skip("notebook not built")
-    cells = json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]
-    text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
-    headings = set(re.findall(r"^## (.+)$", text, re.M))
-    for q in quiz["questions"]:
-        assert q["section"] in headings, q["section"]
 
 
 def test_checker_reports_bad_functions_instead_of_raising_and_is_deterministic():

@@ -445,6 +445,7 @@ def draw_head(layer: int, head: int, sentence: str, *, encoder: Encoder, tokeniz
         vmax=1.0,
         annotate=False,
     )
+    ax.images[0].colorbar.set_label("attention weight")
     ax.title.set_fontsize(9)
     fig.tight_layout()
     return fig
@@ -473,6 +474,7 @@ def draw_role_scores(scores: dict[str, torch.Tensor]):
             vmax=1.0,
             annotate=False,
         )
+        ax.images[0].colorbar.set_label("score")
         ax.set_xticklabels([str(i) for i in range(h)], rotation=0, ha="center")
         for (layer, head), v in zip(itertools.product(range(n_layers), range(h)), s.flatten().tolist(), strict=True):
             ax.text(

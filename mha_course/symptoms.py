@@ -4,7 +4,8 @@
   steps. Tokens come in pairs (``A``/``a``, ``B``/``b``, ...); every token carries a colour
   (0–3). A sequence holds both members of 4 random pairs in random order, and the target at each
   position is the colour of that token's partner — so every query must find exactly one key.
-  :class:`PartnerModel` (embeddings + ``block.Encoder`` + readout) and :func:`train_partner`.
+  :class:`PartnerModel` (embeddings + ``block.Encoder`` + readout), :func:`train_partner`,
+  :func:`partner_loss` and :func:`accuracy`.
 * **Broken parts**: :class:`HandWrittenAttention` (the layer as it is often first written,
   with its two hazards), :func:`copy_head` (heads initialised identically),
   :class:`MaskBugDecoder` (a causal mask forgotten or inverted), :func:`with_attention`.
@@ -90,14 +91,19 @@ def train_partner(
     model.train()
     losses = []
     for _ in tqdm(range(steps), desc=f"training (lr={lr:g})", disable=not progress):
-        tokens, colors, target = partner_batch(batch_size, generator=gen)
-        loss = F.cross_entropy(model(tokens, colors).flatten(0, 1), target.flatten())
+        loss = partner_loss(model, *partner_batch(batch_size, generator=gen))
         opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(loss.item())
     model.eval()
     return losses
+
+
+def partner_loss(model: PartnerModel, tokens, colors, target) -> torch.Tensor:
+    """Mean cross-entropy of the predicted partner colours, a scalar tensor (the training loss;
+    ln 4 ≈ 1.386 for a model that guesses uniformly among the 4 colours)."""
+    return F.cross_entropy(model(tokens, colors).flatten(0, 1), target.flatten())  # (B·L, colours) vs (B·L,)
 
 
 @torch.no_grad()

@@ -197,10 +197,24 @@ def test_draw_report_and_symptom_explorer_figures():
     titles = [ax.get_title() for ax in fig.axes]
     assert fig._suptitle.get_text() == "inverted"
     assert "attention entropy per head" in titles and any(t.startswith("causal leakage: ") for t in titles)
+    entropy_ax = next(ax for ax in fig.axes if ax.get_title() == "attention entropy per head")
+    fig.canvas.draw()
+    legend = entropy_ax.get_legend().get_window_extent()
+    assert not any(legend.overlaps(bar.get_window_extent()) for bar in entropy_ax.patches)  # legend clear of bars
     fig2 = sy.draw({("mask inverted", "broken"): rep}, "mask inverted", "broken")
     assert fig2._suptitle.get_text() == "mask inverted — broken"
     with pytest.raises(ValueError, match="no report"):
         sy.draw({}, "mask inverted", "fixed")
+    matplotlib.pyplot.close("all")
+
+
+def test_draw_dependency_shows_the_matrix_with_position_labels():
+    matrix = torch.rand(4, 4, generator=torch.Generator().manual_seed(0)).tril()
+    ax = dg.draw_dependency(matrix, title="leak 0", vmax=0.5)
+    torch.testing.assert_close(torch.as_tensor(ax.images[0].get_array()), matrix)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "1", "2", "3"]
+    assert ax.get_title() == "leak 0" and ax.images[0].get_clim() == (0, 0.5)
+    assert ax.images[0].colorbar.ax.get_ylabel() == "max change of output i"
     matplotlib.pyplot.close("all")
 
 
@@ -214,6 +228,23 @@ def test_partner_batch_targets_are_the_partners_colours():
             j = tokens[b].tolist().index(tokens[b, i].item() ^ 1)
             assert j != i and target[b, i] == colors[b, j]
     assert sy.token_labels(torch.tensor([0, 1, 5]), torch.tensor([2, 0, 3])) == ["A2", "a0", "c3"]
+
+
+def test_partner_loss_and_accuracy_match_a_loop_over_positions():
+    torch.manual_seed(0)
+    model = sy.PartnerModel().eval()
+    tokens, colors, target = sy.partner_batch(3, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        logits = model(tokens, colors)  # (B, L, colours)
+        nll, hits = [], []
+        for b in range(3):
+            for i in range(tokens.shape[1]):
+                row = logits[b, i].tolist()
+                log_z = math.log(sum(math.exp(v) for v in row))
+                nll.append(log_z - row[target[b, i]])
+                hits.append(max(range(len(row)), key=row.__getitem__) == target[b, i])
+        assert sy.partner_loss(model, tokens, colors, target).item() == pytest.approx(sum(nll) / len(nll), rel=1e-5)
+    assert sy.accuracy(model, tokens, colors, target) == pytest.approx(sum(hits) / len(hits))
 
 
 def test_training_turns_uniform_attention_into_a_lookup():

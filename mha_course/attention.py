@@ -52,11 +52,21 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None):
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
 
-    scores = (q * scale) @ k.transpose(-2, -1)  # (..., Lq, Lk); scale folded into q: Lq·d_k mults
+    # (..., Lq, Lk); the scale is folded into q (Lq·d_k mults, not Lq·Lk), skipped when it is 1
+    scores = (q if scale == 1.0 else q * scale) @ k.transpose(-2, -1)
+    # The L×L buffer dominates the cost: fill and normalise it in place where that is safe.
     if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)  # (..., Lq, Lk)
+        if torch.broadcast_shapes(mask.shape, scores.shape) == scores.shape:
+            scores.masked_fill_(~mask, float("-inf"))  # a fresh tensor; matmul's backward never needs it
+        else:  # v's batch dims (and the mask's) are wider than q's and k's
+            scores = scores.masked_fill(~mask, float("-inf"))
+    if scores.requires_grad:
+        weights = torch.softmax(scores, dim=-1)  # (..., Lq, Lk)
+    else:  # no autograd: overwrite the scores rather than allocate a second L×L tensor
+        weights = torch.softmax(scores, dim=-1, out=scores)
     if mask is not None:
         # a row with no allowed key is softmax(-inf, ..., -inf) = NaN: define it as "attend to nothing"
-        weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+        dead = ~mask.any(dim=-1, keepdim=True)
+        if dead.any():
+            weights = weights.masked_fill(dead, 0.0)
     return weights @ v, weights  # (..., Lq, d_v), (..., Lq, Lk)

@@ -147,28 +147,35 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(self.vdim, d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
 
-    def _project(self, query, key, value):
-        """Q, K, V for all heads at once; self-attention uses one fused (3·d_model) matmul."""
+    def _project(self, query, key, value, q_scale: float = 1.0):
+        """Q, K, V for all heads at once, Q multiplied by ``q_scale`` (folded into W_Q and b_Q:
+        d_model² multiplications instead of B·L·d_model). Self-attention runs one fused
+        (d_model -> 3·d_model) matmul."""
+        w_q, b_q = self.q_proj.weight * q_scale, self.q_proj.bias
+        b_q = None if b_q is None else b_q * q_scale
         if query is key and key is value:
-            w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
-            b = None if self.q_proj.bias is None else torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
+            w = torch.cat([w_q, self.k_proj.weight, self.v_proj.weight])
+            b = None if b_q is None else torch.cat([b_q, self.k_proj.bias, self.v_proj.bias])
             return F.linear(query, w, b).chunk(3, dim=-1)  # 3 × (B, L, d_model)
-        return self.q_proj(query), self.k_proj(key), self.v_proj(value)
+        return F.linear(query, w_q, b_q), self.k_proj(key), self.v_proj(value)
 
     def forward(self, query, key=None, value=None, *, mask=None, need_weights=True):
         key, value = _check_inputs(self, query, key, value)
         B, Lq, Lk, h = query.shape[0], query.shape[1], key.shape[1], self.num_heads
         mask = _check_mask(mask, B, h, Lq, Lk)
-        q, k, v = (split_heads(t, h) for t in self._project(query, key, value))  # (B, h, L, d_head)
+        # q comes out already multiplied by 1/√d_head, so the attention below uses scale=1
+        q, k, v = (split_heads(t, h) for t in self._project(query, key, value, self.d_head**-0.5))  # (B, h, L, d_head)
         p = self.dropout if self.training else 0.0
         if need_weights:
-            out, weights = scaled_dot_product_attention(q, k, v, mask)  # (B, h, Lq, d_head), (B, h, Lq, Lk)
+            out, weights = scaled_dot_product_attention(q, k, v, mask, scale=1.0)  # (B, h, Lq, d_head), (B, h, Lq, Lk)
             if p:
                 out = F.dropout(weights, p) @ v
         else:
-            out, weights = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p), None
+            out, weights = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=1.0), None
             if mask is not None:  # SDPA may return NaN for a query with no allowed key: make it 0
-                out = out.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+                dead = ~mask.any(dim=-1, keepdim=True)
+                if dead.any():
+                    out = out.masked_fill(dead, 0.0)
         return self.out_proj(merge_heads(out)), weights  # (B, Lq, d_model)
 
     @classmethod

@@ -1,0 +1,548 @@
+"""How fast is each attention implementation on this machine, against PyTorch and against the
+machine's own matrix-multiply rate? Forward passes in float32, inference (no autograd), CPU.
+
+    python -m mha_course.bench            # sweep: B in (1, 8), L in (128 … 1024), causal or not
+    python -m mha_course.bench --quick    # the target configuration only (well under a minute)
+
+Implementations (``IMPLEMENTATIONS``), all with the same weights and the same mask:
+
+==============  ==============================================================================
+looped          ``mc.LoopedMultiHeadAttention``: h separate heads, weights returned
+ours+weights    ``mc.MultiHeadAttention(need_weights=True)``: explicit scores, per-head weights
+ours+SDPA       ``mc.MultiHeadAttention(need_weights=False)``: PyTorch's fused SDPA, no weights
+torch+weights   ``nn.MultiheadAttention(need_weights=True, average_attn_weights=False)``
+torch           ``nn.MultiheadAttention(need_weights=False)``
+SDPA alone      ``F.scaled_dot_product_attention`` on ready (B, h, L, d_head) q, k, v: no projections
+==============  ==============================================================================
+
+Method
+------
+* Timing: all implementations of one configuration — and a (B·L, d) @ (d, d) matmul, the
+  machine's reference rate — are timed round-robin, one sample each per round, after one untimed
+  warm-up round, so that a change in machine load hits all of them alike. A sample is one call,
+  or as many calls as fill 20 ms for short ones, timed with ``time.perf_counter``; the samples
+  are collected in ``torch.utils.benchmark.Measurement`` objects (median, IQR).
+  (``benchmark.Timer.timeit`` would add two warm-up calls before every sample, tripling the cost
+  of second-long calls.)
+* Ratios: each implementation against ``nn.MultiheadAttention`` with the same semantics
+  (``REFERENCE``: with weights vs ``torch+weights``, without vs ``torch``), computed within each
+  round and reported as the median over rounds — steadier than a ratio of medians on a shared
+  machine. Below 1 means faster than PyTorch.
+* GFLOP/s: :func:`mha_course.attention_flops` (dense: the full L² even under a causal mask) per
+  second; SDPA alone counts only its 4·B·L²·d. Divided, round by round, by the matmul's GFLOP/s
+  in the same round (median over rounds): the fraction of what this machine's BLAS reaches on a
+  plain matrix product.
+* Peak memory, two ways: ``alloc``, the most bytes PyTorch's CPU allocator held at once during one
+  call beyond what was live before it (from ``torch.profiler``'s memory events — this sees every
+  tensor, including the buffers inside fused kernels, but not the BLAS library's own scratch);
+  and ``rss``, the growth of the process's peak resident set (Linux: reset ``VmHWM`` through
+  ``/proc/self/clear_refs``, read it after the call), which sees everything, BLAS scratch included,
+  but misses memory already resident from earlier calls that the allocator hands out again — a
+  cross-check, not a precise number. ``tracemalloc`` would see neither: torch's buffers are not
+  allocated through Python.
+* Everything runs under ``torch.no_grad()``, so ``nn.MultiheadAttention`` (in ``eval()`` mode)
+  takes its fast path, ``torch._native_multi_head_attention``.
+* Before timing, every implementation's output is checked against ``nn.MultiheadAttention``'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch.utils.benchmark import Measurement
+from torch.utils.benchmark.utils.common import TaskSpec
+
+from . import _validate
+from .accounting import attention_flops
+from .heads import split_heads
+from .masks import causal_mask
+from .multihead import LoopedMultiHeadAttention
+
+IMPLEMENTATIONS = ("looped", "ours+weights", "ours+SDPA", "torch+weights", "torch", "SDPA alone")
+#: the nn.MultiheadAttention call with the same semantics as each implementation
+REFERENCE = {
+    "looped": "torch+weights",
+    "ours+weights": "torch+weights",
+    "ours+SDPA": "torch",
+    "torch+weights": "torch+weights",
+    "torch": "torch",
+    "SDPA alone": "torch",
+}
+MATMUL = "matmul"
+#: the issue's targets: (implementation, its reference) at B=8, L=512, d_model=512, h=8, causal
+TARGETS = (("ours+SDPA", "torch"), ("ours+weights", "torch+weights"))
+
+
+@dataclass(frozen=True)
+class Config:
+    """One benchmark point: a batch of B sequences of L tokens through an MHA layer."""
+
+    batch: int
+    seq_len: int
+    d_model: int = 512
+    num_heads: int = 8
+    causal: bool = True
+
+    def __str__(self) -> str:
+        mask = "causal" if self.causal else "no mask"
+        return f"B={self.batch} L={self.seq_len} d_model={self.d_model} h={self.num_heads} {mask}"
+
+
+TARGET = Config(8, 512, 512, 8, causal=True)
+
+
+@dataclass
+class Result:
+    """One implementation at one configuration (times in seconds, memory in bytes)."""
+
+    config: Config
+    name: str
+    median_s: float
+    iqr_s: float
+    ratio: float  # median over rounds of time / time of REFERENCE[name]
+    ratio_low: float  # smallest and largest per-round ratio: the noise
+    ratio_high: float
+    gflops: float  # achieved GFLOP/s (attention_flops / median time)
+    of_matmul: float  # median over rounds of (its GFLOP/s) / (the matmul's GFLOP/s in that round)
+    alloc_bytes: int | None = None
+    rss_bytes: int | None = None
+    max_abs_error: float = 0.0
+    samples_s: list[float] = field(default_factory=list)  # seconds per call, one per round
+
+
+@dataclass
+class Report:
+    machine: dict
+    results: list[Result] = field(default_factory=list)
+    matmul_gflops: dict = field(default_factory=dict)  # str(config) -> GFLOP/s (median)
+    matmul_samples_s: dict = field(default_factory=dict)  # str(config) -> seconds per round
+
+    def get(self, config: Config, name: str) -> Result:
+        return next(r for r in self.results if r.config == config and r.name == name)
+
+
+# ---------------------------------------------------------------------------------------------
+# the machine
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo, macOS sysctl, else platform.processor())."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    if sys.platform == "darwin":
+        import subprocess
+
+        with contextlib.suppress(Exception):
+            return subprocess.check_output(["sysctl", "-n", "machdep.cpu.brand_string"], text=True).strip()
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def machine_info() -> dict:
+    """What the numbers depend on: torch version and build, threads, cores, CPU model."""
+    return {
+        "torch": torch.__version__,
+        "torch threads": torch.get_num_threads(),
+        "CPU cores": os.cpu_count(),
+        "CPU": cpu_model(),
+        "CPU capability": torch.backends.cpu.get_cpu_capability(),
+        "python": platform.python_version(),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# memory
+
+
+@contextlib.contextmanager
+def _quiet_c_stderr():
+    """Silence file descriptor 2 (C-level writes) for the block: the profiler's backend prints
+    status lines with timestamps there, which would end up in notebook outputs. Python's own
+    warnings and exceptions are unaffected (they go through ``sys.stderr``)."""
+    try:
+        sys.stderr.flush()
+        saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    except OSError:  # no real fd 2 (some embedded interpreters): nothing to silence
+        yield
+        return
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def peak_memory(fn: Callable[[], object]) -> int:
+    """The most bytes PyTorch's CPU allocator held at once while ``fn()`` ran, beyond what was
+    allocated before it started (the result of ``fn`` counts while it is alive, i.e. until it is
+    dropped after the call). Measured from ``torch.profiler``'s memory events; sees every tensor,
+    including the scratch buffers of fused kernels, but not memory a BLAS library allocates itself.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    with _quiet_c_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    live = peak = 0
+    for _, nbytes in events:
+        live += nbytes
+        peak = max(peak, live)
+    return peak
+
+
+def _proc_status_kib(field_name: str) -> int:
+    with open("/proc/self/status", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1])
+    raise OSError(f"{field_name} not in /proc/self/status")
+
+
+def rss_peak_delta(fn: Callable[[], object]) -> int | None:
+    """How far the process's resident set rose above its level before ``fn()`` (bytes), from the
+    kernel's peak-RSS counter (reset first). Linux only; None elsewhere. Pages that the allocator
+    reuses from earlier calls are already resident and do not count, so this can be lower than
+    :func:`peak_memory`; use it as a cross-check."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="utf-8") as f:
+            f.write("5")  # reset VmHWM (peak RSS) to the current RSS
+        before = _proc_status_kib("VmRSS")
+        fn()
+        return max(0, _proc_status_kib("VmHWM") - before) * 1024
+    except OSError:
+        return None
+
+
+def memory_use(fn: Callable[[], object]) -> tuple[int, int | None]:
+    """``(peak_memory(fn), rss_peak_delta(...))`` from one call of ``fn``, without autograd."""
+    alloc = []
+    with torch.no_grad():
+        rss = rss_peak_delta(lambda: alloc.append(peak_memory(fn)))
+    return alloc[0], rss
+
+
+# ---------------------------------------------------------------------------------------------
+# the implementations
+
+
+Callables = dict[str, Callable[[], object]]
+
+
+def build(config: Config, *, seed: int = 0) -> tuple[Callables, Callable[[], object], Callable[[dict], dict]]:
+    """For ``config``: ``(implementations, matmul, check)``. ``implementations`` maps each name of
+    ``IMPLEMENTATIONS`` to a no-argument callable, all computing the same function of the same
+    input with the same weights; ``matmul`` is the reference (B·L, d) @ (d, d) product.
+    ``check(outputs)`` takes {name: what that callable returned} and returns each one's max abs
+    error against ``nn.MultiheadAttention``'s output (and per-head weights where both return
+    them); SDPA alone's against softmax(q kᵀ/√d_head) v of its q, k, v."""
+    g = torch.Generator().manual_seed(seed)
+    B, L, d, h = config.batch, config.seq_len, config.d_model, config.num_heads
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        looped = LoopedMultiHeadAttention(d, h).eval()
+    ours = looped.to_fused().eval()
+    theirs = ours.to_torch().eval()
+    x = torch.randn(B, L, d, generator=g)  # (B, L, d_model)
+    mask = causal_mask(L) if config.causal else None  # ours: True = may attend
+    blocked = None if mask is None else ~mask  # nn.MultiheadAttention: True = blocked
+    with torch.no_grad():  # SDPA alone gets the q, k, v the module computes
+        q, k, v = (split_heads(t, h).contiguous() for t in ours._project(x, x, x))  # (B, h, L, d_head)
+    w, x2d = torch.randn(d, d, generator=g), x.reshape(B * L, d)
+    fns = {
+        "looped": lambda: looped(x, mask=mask),
+        "ours+weights": lambda: ours(x, mask=mask, need_weights=True),
+        "ours+SDPA": lambda: ours(x, mask=mask, need_weights=False),
+        "torch+weights": lambda: theirs(x, x, x, attn_mask=blocked, need_weights=True, average_attn_weights=False),
+        "torch": lambda: theirs(x, x, x, attn_mask=blocked, need_weights=False),
+        "SDPA alone": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+    }
+
+    @torch.no_grad()
+    def check(outputs: dict) -> dict[str, float]:
+        ref_out, ref_w = outputs["torch+weights"] if "torch+weights" in outputs else fns["torch+weights"]()
+        result = {}
+        for name, got in outputs.items():
+            if name == "SDPA alone":
+                scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, h, L, L)
+                if mask is not None:
+                    scores = scores.masked_fill(~mask, float("-inf"))
+                result[name] = (got - torch.softmax(scores, dim=-1) @ v).abs().max().item()
+            elif name in fns:
+                out, weights = got
+                err = (out - ref_out).abs().max().item()
+                if weights is not None:
+                    err = max(err, (weights - ref_w).abs().max().item())
+                result[name] = err
+        return result
+
+    return fns, (lambda: x2d @ w), check
+
+
+def flops(config: Config, name: str) -> int:
+    """FLOPs of one call of ``name`` (or ``"matmul"``) at ``config`` — the dense count."""
+    B, L, d, h = config.batch, config.seq_len, config.d_model, config.num_heads
+    if name == MATMUL:
+        return 2 * B * L * d * d
+    if name == "SDPA alone":
+        return 4 * B * L * L * d
+    return attention_flops(B, L, d, h)
+
+
+def time_round_robin(
+    fns: Callables, *, repeats: int, min_sample_s: float = 0.02, outputs: dict | None = None, progress=None
+) -> dict[str, list[float]]:
+    """Seconds per call of each function, without autograd: one untimed warm-up round (which
+    also sets how many calls make one sample: enough for ``min_sample_s``, so that short calls
+    are not lost in timer and scheduler noise), then ``repeats`` rounds of one sample of each
+    function, in order. ``outputs``: a dict that receives what each function returned in the
+    warm-up round. ``progress``: a tqdm bar to advance once per round."""
+    _validate.positive_int("repeats", repeats)
+    number = {}
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    with torch.no_grad():
+        for name, fn in fns.items():  # warm-up round
+            start = time.perf_counter()
+            result = fn()
+            number[name] = max(1, math.ceil(min_sample_s / max(time.perf_counter() - start, 1e-6)))
+            if outputs is not None:
+                outputs[name] = result
+            del result
+        if progress is not None:
+            progress.update(1)
+        for _ in range(repeats):
+            for name, fn in fns.items():
+                start = time.perf_counter()
+                for _ in range(number[name]):
+                    fn()
+                times[name].append((time.perf_counter() - start) / number[name])
+            if progress is not None:
+                progress.update(1)
+    return times
+
+
+def _measurement(name: str, config: Config, samples: list[float]) -> Measurement:
+    spec = TaskSpec(
+        stmt=name,
+        setup="",
+        global_setup="",
+        label="attention forward",
+        sub_label=str(config),
+        description=name,
+        env=None,
+        num_threads=torch.get_num_threads(),
+    )
+    return Measurement(number_per_run=1, raw_times=samples, task_spec=spec)
+
+
+def run(
+    configs=(TARGET,),
+    *,
+    repeats: int = 5,
+    names=IMPLEMENTATIONS,
+    memory: bool = True,
+    num_threads: int | None = None,
+    progress: bool = True,
+    seed: int = 0,
+) -> Report:
+    """Benchmark ``names`` (any of ``IMPLEMENTATIONS``; their ``REFERENCE`` is added) at each
+    :class:`Config` in ``configs``; see the module docstring for the method. ``num_threads``:
+    torch's intra-op threads for the run (restored afterwards; default: as they are). Raises if
+    an implementation's output differs from ``nn.MultiheadAttention``'s by more than 1e-3."""
+    unknown = set(names) - set(IMPLEMENTATIONS)
+    if unknown:
+        raise ValueError(f"unknown implementations {sorted(unknown)}; choose from {list(IMPLEMENTATIONS)}")
+    wanted = [n for n in IMPLEMENTATIONS if n in names or n in {REFERENCE[m] for m in names}]
+    previous_threads = torch.get_num_threads()
+    if num_threads is not None:
+        torch.set_num_threads(_validate.positive_int("num_threads", num_threads))
+    report = Report(machine=machine_info())
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(configs) * (repeats + 1), desc="benchmark rounds")
+    try:
+        for config in configs:
+            fns, matmul, check = build(config, seed=seed)
+            fns, outputs = {n: fns[n] for n in wanted}, {}
+            times = time_round_robin({**fns, MATMUL: matmul}, repeats=repeats, outputs=outputs, progress=bar)
+            err = check(outputs)
+            del outputs
+            wrong = {n: e for n, e in err.items() if not e < 1e-3}
+            if wrong:
+                raise AssertionError(f"{config}: outputs differ from nn.MultiheadAttention's: {wrong}")
+            mm = times[MATMUL]
+            report.matmul_gflops[str(config)] = flops(config, MATMUL) / statistics.median(mm) / 1e9
+            report.matmul_samples_s[str(config)] = mm
+            for name in wanted:
+                m = _measurement(name, config, times[name])
+                ratios = [t / r for t, r in zip(times[name], times[REFERENCE[name]], strict=True)]
+                work = flops(config, name) / flops(config, MATMUL)  # rate ratio = work ratio / time ratio
+                of_matmul = [work * t_mm / t for t, t_mm in zip(times[name], mm, strict=True)]
+                result = Result(
+                    config,
+                    name,
+                    m.median,
+                    m.iqr,
+                    statistics.median(ratios),
+                    min(ratios),
+                    max(ratios),
+                    flops(config, name) / m.median / 1e9,
+                    statistics.median(of_matmul),
+                    max_abs_error=err[name],
+                    samples_s=times[name],
+                )
+                if memory:
+                    result.alloc_bytes, result.rss_bytes = memory_use(fns[name])
+                report.results.append(result)
+    finally:
+        torch.set_num_threads(previous_threads)
+        if bar is not None:
+            bar.close()
+    return report
+
+
+# ---------------------------------------------------------------------------------------------
+# reading the results
+
+
+def _mib(n) -> str:
+    return "     -" if n is None else f"{n / 2**20:6.1f}"
+
+
+def table(report: Report) -> str:
+    """The results as text: per configuration, one line per implementation."""
+    lines = []
+    for config in dict.fromkeys(r.config for r in report.results):
+        rate = report.matmul_gflops[str(config)]
+        lines += [
+            f"{config}   (matmul: {rate:.1f} GFLOP/s)",
+            f"  {'implementation':<14}{'median ms':>10}{'× torch':>9}{'(range)':>14}"
+            f"{'GFLOP/s':>9}{'of matmul':>10}{'alloc MiB':>10}{'rss MiB':>8}{'max|err|':>10}",
+        ]
+        for r in (r for r in report.results if r.config == config):
+            ref = "" if r.name == REFERENCE[r.name] else f"{r.ratio_low:.2f}–{r.ratio_high:.2f}"
+            lines.append(
+                f"  {r.name:<14}{r.median_s * 1e3:10.2f}{r.ratio:8.2f}×{ref:>14}{r.gflops:9.1f}"
+                f"{r.of_matmul:9.0%} {_mib(r.alloc_bytes):>9} {_mib(r.rss_bytes):>7}{r.max_abs_error:10.1e}"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def target_lines(report: Report, config: Config | None = None) -> list[str]:
+    """One verdict line per target (``TARGETS``) measured at ``config`` (default ``TARGET``)."""
+    config = TARGET if config is None else config
+    lines = []
+    for name, ref in TARGETS:
+        try:
+            r = report.get(config, name)
+        except StopIteration:
+            continue
+        ok = "✅" if r.ratio <= 1.0 else "❌"
+        lines.append(
+            f"{ok} {name} / {ref}: {r.ratio:.2f}× (per-round range {r.ratio_low:.2f}–{r.ratio_high:.2f}; "
+            f"target ≤ 1.00×) at {config}"
+        )
+    return lines
+
+
+def plot(report: Report, *, batch: int | None = None, causal: bool | None = None):
+    """Figure: left, time relative to nn.MultiheadAttention vs L; right, achieved fraction of the
+    matmul rate vs L — one line per implementation, for the configurations with ``batch`` and
+    ``causal`` (default: those of the first result)."""
+    import matplotlib.pyplot as plt
+
+    first = report.results[0].config
+    batch = first.batch if batch is None else batch
+    causal = first.causal if causal is None else causal
+    rows = [r for r in report.results if r.config.batch == batch and r.config.causal == causal]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2), layout="constrained")
+    colours = dict(zip(IMPLEMENTATIONS, plt.get_cmap("tab10").colors, strict=False))
+    lengths = sorted({r.config.seq_len for r in rows})
+    for name in dict.fromkeys(r.name for r in rows):
+        mine = sorted((r for r in rows if r.name == name), key=lambda r: r.config.seq_len)
+        xs = [r.config.seq_len for r in mine]
+        style = dict(ls="--" if name.startswith("torch") else "-", marker="o", color=colours[name])
+        if name != REFERENCE[name]:  # a reference against itself is the line at 1
+            ax1.plot(xs, [r.ratio for r in mine], **style, label=f"{name} / {REFERENCE[name]}")
+        ax2.plot(xs, [100 * r.of_matmul for r in mine], **style, label=name)
+    for ax in (ax1, ax2):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(lengths, [f"{n:,}" for n in lengths])
+        ax.minorticks_off()
+        ax.set_xlabel("sequence length L")
+        ax.grid(alpha=0.3)
+    ax1.axhline(1.0, color="black", lw=0.8, label="nn.MultiheadAttention")
+    ax1.set_ylabel("time ÷ nn.MultiheadAttention's (same semantics)")
+    ax1.set_title("Time relative to PyTorch (below 1 = faster)")
+    ax1.legend(fontsize=8)
+    ax2.set_ylabel("% of this machine's matmul GFLOP/s")
+    ax2.set_title("Achieved FLOP rate as a share of a plain matmul's")
+    ax2.legend(fontsize=8)
+    d, h = rows[0].config.d_model, rows[0].config.num_heads
+    threads = report.machine["torch threads"]
+    fig.suptitle(
+        f"Attention forward, float32, B={batch}, d_model={d}, h={h}, "
+        f"{'causal' if causal else 'no mask'}, {threads} thread{'' if threads == 1 else 's'}"
+    )
+    return fig
+
+
+def to_json(report: Report) -> str:
+    return json.dumps(
+        {
+            "machine": report.machine,
+            "matmul_gflops": report.matmul_gflops,
+            "matmul_samples_s": report.matmul_samples_s,
+            "results": [asdict(r) for r in report.results],
+        },
+        indent=1,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mha_course.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="only the target configuration (B=8, L=512, causal)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed rounds per configuration (5; quick: 4)")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurements")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    args = parser.parse_args(argv)
+    if args.quick:
+        configs = [TARGET]
+    else:
+        configs = [Config(b, n, causal=c) for c in (True, False) for b in (1, 8) for n in (128, 256, 512, 1024)]
+    report = run(
+        configs, repeats=args.repeats or (4 if args.quick else 5), memory=not args.no_memory, num_threads=args.threads
+    )
+    print("machine: " + ", ".join(f"{k} {v}" for k, v in report.machine.items()))
+    print()
+    print(table(report))
+    print("\n".join(target_lines(report)))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            f.write(to_json(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""Tiled attention with an online softmax: the idea of FlashAttention's forward pass, in plain PyTorch.
+
+Ordinary attention builds the whole (Lq, Lk) score matrix, softmaxes it and multiplies by V, so its
+memory grows with Lq·Lk. Tiled attention walks over the keys in blocks and keeps, per query, only a
+running maximum ``m``, a running sum ``ℓ`` and a running, unnormalised output ``acc``
+(:func:`online_softmax_update`); the only scores in memory are one (block × block) tile. The result
+is the same function, exactly — not an approximation.
+
+References: Milakov & Gimelshein, "Online normalizer calculation for softmax" (2018,
+arXiv:1805.02867); Rabe & Staats, "Self-attention does not need O(n²) memory" (2021,
+arXiv:2112.05682); Dao et al., "FlashAttention" (NeurIPS 2022, arXiv:2205.14135), which also fuses
+the loop into one GPU kernel so the tiles never leave on-chip memory. Here the loop is Python, so it
+saves memory, not time.
+"""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib.pyplot as plt
+import torch
+
+from . import _validate
+
+NEG_INF = float("-inf")
+
+
+def online_softmax_update(row_max, row_sum, acc, scores, v):
+    """Fold one block of keys into the running softmax state of each query row.
+
+    Shapes (``...`` = batch dims, e.g. (B, h)):
+        row_max: (..., Lq, 1)   m, the max of the scores seen so far (-inf before the first block)
+        row_sum: (..., Lq, 1)   ℓ, the sum of exp(score - m) over those scores
+        acc:     (..., Lq, d_v) the sum of exp(score - m) · v_j over those keys (not divided by ℓ)
+        scores:  (..., Lq, Bk)  this block's scores, already scaled; -inf where masked
+        v:       (..., Bk, d_v) this block's values
+    Returns ``(row_max, row_sum, acc)`` updated, same shapes. After the last block,
+    ``acc / row_sum`` is softmax(all scores) @ V. A row whose scores are all -inf so far keeps
+    m = -inf, ℓ = 0 and acc = 0 (never NaN).
+    """
+    m_new = torch.maximum(row_max, scores.amax(dim=-1, keepdim=True))  # (..., Lq, 1)
+    # a row that has seen only -inf has m_new = -inf, and exp(-inf - (-inf)) is NaN: subtract 0 there
+    m_safe = m_new.masked_fill(m_new == NEG_INF, 0.0)
+    alpha = torch.exp(row_max - m_safe)  # rescales the old state to the new max (0 before the first block)
+    p = torch.exp(scores - m_safe)  # (..., Lq, Bk) this block's unnormalised weights
+    return m_new, alpha * row_sum + p.sum(dim=-1, keepdim=True), alpha * acc + p @ v
+
+
+def tiled_attention(q, k, v, mask=None, *, scale=None, block_size: int = 64):
+    """softmax(Q Kᵀ · scale) V computed tile by tile, never holding more than one
+    (..., block_size, block_size) tile of scores.
+
+    Shapes as :func:`mha_course.scaled_dot_product_attention`: q (..., Lq, d_k), k (..., Lk, d_k),
+    v (..., Lk, d_v), leading dims broadcast; mask bool broadcastable to (..., Lq, Lk),
+    True = may attend; scale defaults to 1/√d_k. Returns out (..., Lq, d_v) — the weights are
+    never formed. A tile whose mask is all False (above a causal diagonal, outside a sliding
+    window) is skipped. A query row with no allowed key gives 0, as in the reference.
+    """
+    batch, Lq, Lk = _check(q, k, v, mask)
+    _validate.positive_int("block_size", block_size)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if mask is not None:
+        mask = torch.broadcast_to(mask, (*batch, Lq, Lk))  # a view with stride 0: no memory
+    q, k, v = (t.expand(*batch, *t.shape[-2:]) for t in (q, k, v))
+    out = q.new_empty((*batch, Lq, v.shape[-1]))
+    for i in range(0, Lq, block_size):
+        qi = q[..., i : i + block_size, :] * scale  # (..., bq, d_k)
+        row_max = qi.new_full((*qi.shape[:-1], 1), NEG_INF)  # (..., bq, 1)
+        row_sum = qi.new_zeros((*qi.shape[:-1], 1))  # (..., bq, 1)
+        acc = qi.new_zeros((*qi.shape[:-1], v.shape[-1]))  # (..., bq, d_v)
+        for j in range(0, Lk, block_size):
+            s = qi @ k[..., j : j + block_size, :].transpose(-2, -1)  # (..., bq, bk): the only scores held
+            if mask is not None:
+                tile = mask[..., i : i + block_size, j : j + block_size]
+                if not tile.any():
+                    continue  # nothing to attend to in this tile: skip its work entirely
+                s = s.masked_fill(~tile, NEG_INF)
+            row_max, row_sum, acc = online_softmax_update(row_max, row_sum, acc, s, v[..., j : j + block_size, :])
+        # row_sum = 0 only in a row with no allowed key (else its max adds e⁰ = 1): output 0 there
+        out[..., i : i + block_size, :] = torch.where(row_sum > 0, acc / row_sum, 0.0)
+    return out
+
+
+def tile_counts(mask, block_size: int) -> tuple[int, int, int]:
+    """How :func:`tiled_attention` treats the tiles of a (Lq, Lk) mask: returns
+    ``(computed, skipped, total)``; a tile is skipped when its mask is all False."""
+    states = tile_states(mask, block_size)
+    computed = int((states > 0).sum())
+    return computed, states.numel() - computed, states.numel()
+
+
+def tile_states(mask, block_size: int) -> torch.Tensor:
+    """int64 (⌈Lq/b⌉, ⌈Lk/b⌉): 0 = tile skipped (all masked), 1 = partly masked, 2 = fully allowed."""
+    _validate.tensor("mask", mask, dims=2)
+    if mask.dtype != torch.bool:
+        raise TypeError(f"mask must be bool (True = may attend), got {mask.dtype}")
+    _validate.positive_int("block_size", block_size)
+    rows = range(0, mask.shape[0], block_size)
+    cols = range(0, mask.shape[1], block_size)
+    states = torch.zeros(len(rows), len(cols), dtype=torch.long)
+    for a, i in enumerate(rows):
+        for b, j in enumerate(cols):
+            tile = mask[i : i + block_size, j : j + block_size]
+            states[a, b] = 2 if tile.all() else int(bool(tile.any()))
+    return states
+
+
+def draw_tiles(masks: dict, block_size: int):
+    """Figure: for each named (Lq, Lk) mask, its tiles — skipped, partly masked or fully computed."""
+    from matplotlib.colors import ListedColormap
+
+    fig, axes = plt.subplots(1, len(masks), figsize=(4.2 * len(masks), 4.2), squeeze=False, layout="constrained")
+    cmap = ListedColormap(["#f0f0f0", "#f4a259", "#2a6f97"])
+    for ax, (name, mask) in zip(axes[0], masks.items(), strict=True):
+        states = tile_states(mask, block_size)
+        computed, skipped, total = tile_counts(mask, block_size)
+        im = ax.imshow(states.numpy(), cmap=cmap, vmin=-0.5, vmax=2.5)
+        ax.set_title(f"{name}\n{computed} of {total} tiles computed, {skipped} skipped")
+        ax.set_xlabel(f"key block (size {block_size})")
+        ax.set_ylabel(f"query block (size {block_size})")
+    bar = fig.colorbar(im, ax=axes[0].tolist(), ticks=[0, 1, 2], fraction=0.03)
+    bar.ax.set_yticklabels(["skipped", "partly masked", "all allowed"])
+    fig.suptitle(f"Which score tiles tiled attention computes (L = {mask.shape[0]}, block {block_size})")
+    return fig
+
+
+def draw_tile_explorer(seq_len: int = 1024, block_size: int = 128, window: int = 256):
+    """The explorer's figure: the tiles of a causal mask and of a causal sliding window of
+    ``window`` keys (:func:`mha_course.sliding_window_mask`) at ``seq_len`` and ``block_size``."""
+    from .masks import causal_mask, sliding_window_mask
+
+    masks = {"causal": causal_mask(seq_len), f"sliding window {window}": sliding_window_mask(seq_len, window)}
+    return draw_tiles(masks, block_size)
+
+
+def _check(q, k, v, mask):
+    """Validate like :func:`mha_course.scaled_dot_product_attention`; return (batch, Lq, Lk)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _validate.tensor(name, t, floating=True)
+        if t.dim() < 2:
+            raise ValueError(f"{name} must be at least 2-D (..., L, d), got shape {tuple(t.shape)}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must have the same last dim d_k, got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(
+            f"k and v must have the same length Lk (dim -2), got k {tuple(k.shape)} and v {tuple(v.shape)}"
+        )
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    try:
+        batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            f"batch dims of q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not broadcast"
+        ) from None
+    Lq, Lk = q.shape[-2], k.shape[-2]
+    if mask is not None:
+        mask = _validate.bool_mask(mask, (*batch, Lq, Lk))
+    return tuple(batch), Lq, Lk

@@ -49,12 +49,19 @@ def bool_mask(mask, scores_shape: tuple[int, ...], *, name: str = "mask") -> tor
     try:
         torch.broadcast_shapes(mask.shape, scores_shape)
         ok = mask.dim() <= len(scores_shape) and all(
-            m in (1, s) for m, s in zip(reversed(mask.shape), reversed(scores_shape))
+            m in (1, s) for m, s in zip(reversed(mask.shape), reversed(scores_shape), strict=False)
         )
     except RuntimeError:
         ok = False
     if not ok:
-        raise ValueError(
-            f"{name} shape {tuple(mask.shape)} does not broadcast to scores {tuple(scores_shape)}"
-        )
+        raise ValueError(f"{name} shape {tuple(mask.shape)} does not broadcast to scores {tuple(scores_shape)}")
     return mask
+
+
+def same_dtype(name: str, x: torch.Tensor, weight: torch.Tensor) -> None:
+    """Check that input ``x`` has the dtype of the module's ``weight`` (autocast exempt)."""
+    if x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type):
+        raise TypeError(
+            f"{name} is {x.dtype} but the module's weights are {weight.dtype}; "
+            f"convert one of them (e.g. module.to({x.dtype}) or {name}.to({weight.dtype}))"
+        )

@@ -57,7 +57,13 @@ def kv_cache_bytes(num_layers, num_kv_heads, head_dim, seq_len, *, batch=1, byte
 
     ``bytes_per_element``: 2 for fp16/bf16 (default), 4 for fp32, 1 for int8/fp8.
     """
-    for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
-                        ("seq_len", seq_len), ("batch", batch), ("bytes_per_element", bytes_per_element)):
+    for name, value in (
+        ("num_layers", num_layers),
+        ("num_kv_heads", num_kv_heads),
+        ("head_dim", head_dim),
+        ("seq_len", seq_len),
+        ("batch", batch),
+        ("bytes_per_element", bytes_per_element),
+    ):
         _validate.positive_int(name, value, allow_zero=name == "seq_len")
     return 2 * num_layers * num_kv_heads * head_dim * seq_len * batch * bytes_per_element

@@ -31,9 +31,7 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None):
         if t.dim() < 2:
             raise ValueError(f"{name} must be at least 2-D (..., L, d), got shape {tuple(t.shape)}")
     if q.shape[-1] != k.shape[-1]:
-        raise ValueError(
-            f"q and k must have the same last dim d_k, got q {tuple(q.shape)} and k {tuple(k.shape)}"
-        )
+        raise ValueError(f"q and k must have the same last dim d_k, got q {tuple(q.shape)} and k {tuple(k.shape)}")
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(
             f"k and v must have the same length Lk (dim -2), got k {tuple(k.shape)} and v {tuple(v.shape)}"
@@ -67,6 +65,6 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None):
     if mask is not None:
         # a row with no allowed key is softmax(-inf, ..., -inf) = NaN: define it as "attend to nothing"
         dead = ~mask.any(dim=-1, keepdim=True)
-        if dead.any():
+        if dead.is_meta or dead.any():  # (a meta tensor has no values to test)
             weights = weights.masked_fill(dead, 0.0)
     return weights @ v, weights  # (..., Lq, d_v), (..., Lq, Lk)

@@ -44,8 +44,9 @@ class ModelConfig:
 
     def kv_cache_bytes(self, seq_len: int, *, batch: int = 1, bytes_per_element: int = 2) -> int:
         """KV-cache bytes for ``seq_len`` tokens (decoder self-attention layers)."""
-        return kv_cache_bytes(self.num_layers, self.num_kv_heads, self.head_dim, seq_len,
-                              batch=batch, bytes_per_element=bytes_per_element)
+        return kv_cache_bytes(
+            self.num_layers, self.num_kv_heads, self.head_dim, seq_len, batch=batch, bytes_per_element=bytes_per_element
+        )
 
 
 _VASWANI = "Vaswani et al. 2017, 'Attention Is All You Need', Table 3 (N=6 encoder + 6 decoder layers)"
@@ -63,21 +64,85 @@ MODEL_CONFIGS: dict[str, ModelConfig] = {
         ModelConfig("GPT-2 medium", 24, 1024, 16, 16, 64, True, _GPT2),
         ModelConfig("GPT-2 large", 36, 1280, 20, 20, 64, True, _GPT2),
         ModelConfig("GPT-2 XL", 48, 1600, 25, 25, 64, True, _GPT2),
-        ModelConfig("GPT-3 175B", 96, 12288, 96, 96, 128, True,
-                    "Brown et al. 2020, 'Language Models are Few-Shot Learners', Table 2.1"),
-        ModelConfig("Llama 2 7B", 32, 4096, 32, 32, 128, False,
-                    "Touvron et al. 2023, 'Llama 2', Table 1; meta-llama/Llama-2-7b-hf config.json"),
-        ModelConfig("Llama 2 70B", 80, 8192, 64, 8, 128, False,
-                    "Touvron et al. 2023, 'Llama 2' (GQA for 34B/70B); meta-llama/Llama-2-70b-hf config.json"),
-        ModelConfig("Llama 3 8B", 32, 4096, 32, 8, 128, False,
-                    "Meta 2024, Llama 3 model card / 'The Llama 3 Herd of Models' Table 3; config.json"),
-        ModelConfig("Llama 3 70B", 80, 8192, 64, 8, 128, False,
-                    "Meta 2024, 'The Llama 3 Herd of Models' Table 3; meta-llama/Meta-Llama-3-70B config.json"),
-        ModelConfig("Mistral 7B", 32, 4096, 32, 8, 128, False,
-                    "Jiang et al. 2023, 'Mistral 7B', Table 1; mistralai/Mistral-7B-v0.1 config.json"),
-        ModelConfig("Qwen2.5-7B", 28, 3584, 28, 4, 128, "qkv",
-                    "Qwen team 2024, Qwen2.5 technical report; Qwen/Qwen2.5-7B config.json (QKV bias, no O bias)"),
-        ModelConfig("Gemma 2 9B", 42, 3584, 16, 8, 256, False,
-                    "Gemma Team 2024, 'Gemma 2', Table 1; google/gemma-2-9b config.json (head_dim 256)"),
+        ModelConfig(
+            "GPT-3 175B",
+            96,
+            12288,
+            96,
+            96,
+            128,
+            True,
+            "Brown et al. 2020, 'Language Models are Few-Shot Learners', Table 2.1",
+        ),
+        ModelConfig(
+            "Llama 2 7B",
+            32,
+            4096,
+            32,
+            32,
+            128,
+            False,
+            "Touvron et al. 2023, 'Llama 2', Table 1; meta-llama/Llama-2-7b-hf config.json",
+        ),
+        ModelConfig(
+            "Llama 2 70B",
+            80,
+            8192,
+            64,
+            8,
+            128,
+            False,
+            "Touvron et al. 2023, 'Llama 2' (GQA for 34B/70B); meta-llama/Llama-2-70b-hf config.json",
+        ),
+        ModelConfig(
+            "Llama 3 8B",
+            32,
+            4096,
+            32,
+            8,
+            128,
+            False,
+            "Meta 2024, Llama 3 model card / 'The Llama 3 Herd of Models' Table 3; config.json",
+        ),
+        ModelConfig(
+            "Llama 3 70B",
+            80,
+            8192,
+            64,
+            8,
+            128,
+            False,
+            "Meta 2024, 'The Llama 3 Herd of Models' Table 3; meta-llama/Meta-Llama-3-70B config.json",
+        ),
+        ModelConfig(
+            "Mistral 7B",
+            32,
+            4096,
+            32,
+            8,
+            128,
+            False,
+            "Jiang et al. 2023, 'Mistral 7B', Table 1; mistralai/Mistral-7B-v0.1 config.json",
+        ),
+        ModelConfig(
+            "Qwen2.5-7B",
+            28,
+            3584,
+            28,
+            4,
+            128,
+            "qkv",
+            "Qwen team 2024, Qwen2.5 technical report; Qwen/Qwen2.5-7B config.json (QKV bias, no O bias)",
+        ),
+        ModelConfig(
+            "Gemma 2 9B",
+            42,
+            3584,
+            16,
+            8,
+            256,
+            False,
+            "Gemma Team 2024, 'Gemma 2', Table 1; google/gemma-2-9b config.json (head_dim 256)",
+        ),
     ]
 }

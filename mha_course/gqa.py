@@ -109,7 +109,11 @@ class GroupedQueryAttention(nn.Module):
         _validate.positive_int("num_kv_heads", num_kv_heads)
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
-        self.head_dim = _validate.divisible(d_model, num_heads) if head_dim is None else _validate.positive_int("head_dim", head_dim)
+        self.head_dim = (
+            _validate.divisible(d_model, num_heads)
+            if head_dim is None
+            else _validate.positive_int("head_dim", head_dim)
+        )
         self.d_model, self.num_heads, self.num_kv_heads = d_model, num_heads, num_kv_heads
         self.n_rep = num_heads // num_kv_heads
         self.q_proj = nn.Linear(d_model, num_heads * self.head_dim, bias=bias)
@@ -117,8 +121,11 @@ class GroupedQueryAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(num_heads * self.head_dim, d_model, bias=bias)
 
-    def forward(self, x, *, mask=None, cache: KVCache | None = None, is_causal: bool = False, need_weights: bool = True):
+    def forward(
+        self, x, *, mask=None, cache: KVCache | None = None, is_causal: bool = False, need_weights: bool = True
+    ):
         _validate.tensor("x", x, dims=3, floating=True)
+        _validate.same_dtype("x", x, self.q_proj.weight)
         if x.shape[-1] != self.d_model:
             raise ValueError(f"x must have last dim d_model={self.d_model}, got shape {tuple(x.shape)}")
         if cache is not None and not isinstance(cache, KVCache):
@@ -153,7 +160,7 @@ class GroupedQueryAttention(nn.Module):
 
     @classmethod
     @torch.no_grad()
-    def from_mha(cls, mha, num_kv_heads: int) -> "GroupedQueryAttention":
+    def from_mha(cls, mha, num_kv_heads: int) -> GroupedQueryAttention:
         """Convert a :class:`~mha_course.MultiHeadAttention` (self-attention) to GQA by
         mean-pooling the K and V heads of each group (the GQA paper's uptraining start).
         With num_kv_heads == mha.num_heads the result computes exactly the same function."""
@@ -184,5 +191,7 @@ class GroupedQueryAttention(nn.Module):
         return new
 
     def extra_repr(self) -> str:
-        return (f"d_model={self.d_model}, num_heads={self.num_heads}, "
-                f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}")
+        return (
+            f"d_model={self.d_model}, num_heads={self.num_heads}, "
+            f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}"
+        )

@@ -8,7 +8,6 @@ i.e. columns of the math-convention matrix ``x @ W_Q``.
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -28,6 +27,7 @@ def _check_inputs(module, query, key, value):
         ("value", value, module.vdim),
     ):
         _validate.tensor(name, t, dims=3, floating=True)
+        _validate.same_dtype(name, t, module.out_proj.weight)
         if t.shape[-1] != width:
             raise ValueError(f"{name} must have last dim {width}, got shape {tuple(t.shape)} (B, L, {width})")
     if key.shape[:2] != value.shape[:2]:
@@ -96,7 +96,7 @@ class LoopedMultiHeadAttention(nn.Module):
         return out, (torch.stack(weights, dim=1) if need_weights else None)  # (B, h, Lq, Lk)
 
     @torch.no_grad()
-    def to_fused(self) -> "MultiHeadAttention":
+    def to_fused(self) -> MultiHeadAttention:
         """The same function as one :class:`MultiHeadAttention`: stack the h per-head matrices
         of W_Q (and W_K, W_V) as row blocks of one (d_model, d_model) matrix."""
         bias = self.out_proj.bias is not None
@@ -138,6 +138,8 @@ class MultiHeadAttention(nn.Module):
         _validate.positive_int("num_heads", num_heads)
         self.kdim = d_model if kdim is None else _validate.positive_int("kdim", kdim)
         self.vdim = d_model if vdim is None else _validate.positive_int("vdim", vdim)
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
+            raise TypeError(f"dropout must be a float in [0, 1), got {type(dropout).__name__} ({dropout!r})")
         if not 0.0 <= float(dropout) < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got dropout={dropout}")
         self.d_model, self.num_heads, self.dropout = d_model, num_heads, float(dropout)
@@ -180,7 +182,7 @@ class MultiHeadAttention(nn.Module):
 
     @classmethod
     @torch.no_grad()
-    def from_torch(cls, m: nn.MultiheadAttention) -> "MultiHeadAttention":
+    def from_torch(cls, m: nn.MultiheadAttention) -> MultiHeadAttention:
         """Copy the weights of a ``torch.nn.MultiheadAttention`` (either ``batch_first``, with or
         without kdim/vdim). The result computes the same function, batch-first, with the mask
         convention inverted (ours True = attend, theirs True = blocked)."""
@@ -196,7 +198,7 @@ class MultiHeadAttention(nn.Module):
         else:
             weights = (m.q_proj_weight, m.k_proj_weight, m.v_proj_weight)
         biases = m.in_proj_bias.chunk(3) if bias else (None,) * 3
-        for proj, w, b in zip((new.q_proj, new.k_proj, new.v_proj), weights, biases):
+        for proj, w, b in zip((new.q_proj, new.k_proj, new.v_proj), weights, biases, strict=True):
             proj.weight.copy_(w)
             if b is not None:
                 proj.bias.copy_(b)
@@ -211,8 +213,13 @@ class MultiHeadAttention(nn.Module):
         (pass it ``attn_mask=~mask`` and ``average_attn_weights=False`` to compare weights)."""
         bias = self.q_proj.bias is not None
         m = nn.MultiheadAttention(
-            self.d_model, self.num_heads, dropout=self.dropout, bias=bias,
-            kdim=self.kdim, vdim=self.vdim, batch_first=True,
+            self.d_model,
+            self.num_heads,
+            dropout=self.dropout,
+            bias=bias,
+            kdim=self.kdim,
+            vdim=self.vdim,
+            batch_first=True,
         ).to(self.out_proj.weight)
         if m._qkv_same_embed_dim:
             m.in_proj_weight.copy_(torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]))
@@ -228,5 +235,3 @@ class MultiHeadAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, num_heads={self.num_heads}, d_head={self.d_head}"
-
-

@@ -404,3 +404,30 @@ def test_gqa_cache_from_a_different_batch():
     m(x16, cache=cache)
     with raises(ValueError, "new k (3, 2, 1, 4) does not match the cached (B, h_kv, L, d_head) (2, 2, 3, 4)"):
         m(torch.randn(3, 1, 16), cache=cache)
+
+
+# --- dtype mismatches between inputs and weights (lead's addition) --------------------------------
+
+
+def test_mha_input_dtype_must_match_weights():
+    m = mc.MultiHeadAttention(8, 2)
+    with pytest.raises(TypeError, match=r"query is torch.float64 but the module's weights are torch.float32"):
+        m(torch.randn(2, 3, 8, dtype=torch.float64))
+
+
+def test_gqa_input_dtype_must_match_weights():
+    m = mc.GroupedQueryAttention(8, 2, 1)
+    with pytest.raises(TypeError, match=r"x is torch.float64 but the module's weights are torch.float32"):
+        m(torch.randn(2, 3, 8, dtype=torch.float64))
+
+
+def test_mha_dropout_must_be_a_number():
+    with pytest.raises(TypeError, match=r"dropout must be a float in \[0, 1\), got str"):
+        mc.MultiHeadAttention(16, 2, dropout="a")
+
+
+def test_attention_on_the_meta_device_with_a_mask():
+    q = torch.empty(2, 3, 4, device="meta")
+    mask = torch.ones(3, 3, dtype=torch.bool, device="meta")
+    out, weights = mc.scaled_dot_product_attention(q, q, q, mask)
+    assert out.shape == (2, 3, 4) and weights.shape == (2, 3, 3) and out.is_meta

@@ -2,6 +2,7 @@
 
     python -m mha_course sync [NOTEBOOK ...]      write badges and setup cells (and README's course map)
     python -m mha_course execute [NOTEBOOK ...]   re-execute in place, as the tests run them
+    python -m mha_course student-edition OUT_DIR  the student edition (see mha_course/student_edition.py)
 
 The repository the Colab links point to is read from one place: ``[project.urls] Repository``
 in ``pyproject.toml``.

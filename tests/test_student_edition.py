@@ -411,8 +411,9 @@ def test_student_notebook_runs_top_to_bottom(path):
             if re.search(r"\bmc\.check\.\w+\(", source) and "not attempted" in "\n".join(_output_texts(after)):
                 continue  # another check of the learner's function (e.g. a stricter stretch check)
             assert _comparable(after) == _comparable(before), (
-                f"cell {index} prints something else than in the solution notebook — does it use the "
-                f"learner's function? (use the package's reference after an exercise)\n{source[:200]}"
+                f"cell {index} prints something else than the solved notebook stored: does it use the "
+                f"learner's function (use the package's reference after an exercise), or is the solved "
+                f"notebook stale (re-execute it, then rebuild the student edition)?\n{source[:200]}"
             )
 
 

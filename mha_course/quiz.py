@@ -57,7 +57,7 @@ def static_markdown(quiz: dict) -> str:
     lines = ["**Self-check quiz** (the interactive version is below when a kernel runs)", ""]
     for i, q in enumerate(quiz["questions"], 1):
         lines += [f"**Q{i}.** {q['question']}", ""]
-        lines += [f"{chr(97 + j)}) {o['text']}" for j, o in enumerate(q["options"])]
+        lines += [f"- **{chr(97 + j)})** {o['text']}" for j, o in enumerate(q["options"])]
         answer = next(j for j, o in enumerate(q["options"]) if o["correct"])
         lines += ["", "<details><summary>Answer</summary>", ""]
         lines += [

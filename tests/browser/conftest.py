@@ -183,8 +183,11 @@ class Lab:
 
     def shutdown_kernels(self) -> None:
         """End every session (and its kernel), so one notebook's kernel never slows the next."""
-        for session in self.api("GET", "/api/sessions") or []:
-            self.api("DELETE", f"/api/sessions/{session['id']}")
+        try:
+            for session in self.api("GET", "/api/sessions") or []:
+                self.api("DELETE", f"/api/sessions/{session['id']}")
+        except (urllib.error.URLError, OSError) as e:  # never hide the test's own failure
+            print(f"could not shut down the kernels: {e}")
 
 
 @pytest.fixture(scope="session")

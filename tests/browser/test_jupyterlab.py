@@ -172,6 +172,7 @@ def open_and_run_all(page, lab, name: str, nb: Notebook) -> None:
     """Open the notebook, clear its stored outputs (Edit menu), Run > Run All Cells, wait."""
     from playwright.sync_api import expect
 
+    expect.set_options(timeout=STEP_TIMEOUT_MS)  # widgets render slowly on a loaded 2-core machine
     page.goto(lab.url(name))
     page.wait_for_function("n => document.querySelectorAll('.jp-Notebook .jp-Cell').length === n", arg=nb.num_cells)
     lab.wait_for_kernel(name)

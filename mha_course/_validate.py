@@ -65,3 +65,30 @@ def same_dtype(name: str, x: torch.Tensor, weight: torch.Tensor) -> None:
             f"{name} is {x.dtype} but the module's weights are {weight.dtype}; "
             f"convert one of them (e.g. module.to({x.dtype}) or {name}.to({weight.dtype}))"
         )
+
+
+def attention_inputs(q, k, v, mask=None) -> tuple[int, ...]:
+    """Check q (..., Lq, d_k), k (..., Lk, d_k), v (..., Lk, d_v) and an optional bool mask;
+    return the shape of the scores, (*batch, Lq, Lk)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        tensor(name, t, floating=True)
+        if t.dim() < 2:
+            raise ValueError(f"{name} must be at least 2-D (..., L, d), got shape {tuple(t.shape)}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must have the same last dim d_k, got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(
+            f"k and v must have the same length Lk (dim -2), got k {tuple(k.shape)} and v {tuple(v.shape)}"
+        )
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    try:
+        batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            f"batch dims of q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not broadcast"
+        ) from None
+    scores_shape = (*batch, q.shape[-2], k.shape[-2])
+    if mask is not None:
+        bool_mask(mask, scores_shape)
+    return scores_shape

@@ -135,25 +135,5 @@ def draw_tile_explorer(seq_len: int = 1024, block_size: int = 128, window: int =
 
 def _check(q, k, v, mask):
     """Validate like :func:`mha_course.scaled_dot_product_attention`; return (batch, Lq, Lk)."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _validate.tensor(name, t, floating=True)
-        if t.dim() < 2:
-            raise ValueError(f"{name} must be at least 2-D (..., L, d), got shape {tuple(t.shape)}")
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must have the same last dim d_k, got q {tuple(q.shape)} and k {tuple(k.shape)}")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(
-            f"k and v must have the same length Lk (dim -2), got k {tuple(k.shape)} and v {tuple(v.shape)}"
-        )
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    try:
-        batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    except RuntimeError:
-        raise ValueError(
-            f"batch dims of q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not broadcast"
-        ) from None
-    Lq, Lk = q.shape[-2], k.shape[-2]
-    if mask is not None:
-        mask = _validate.bool_mask(mask, (*batch, Lq, Lk))
+    *batch, Lq, Lk = _validate.attention_inputs(q, k, v, mask)
     return tuple(batch), Lq, Lk

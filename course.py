@@ -51,6 +51,8 @@ def main(argv: list[str]) -> int:
     env = dict(os.environ, PYTHONHASHSEED="0")
     if argv[0] == "lab":
         cmd = [str(PY), "-m", "jupyter", "lab", str(ROOT / "notebooks" / "00_setup_check.ipynb"), *argv[1:]]
+        if hasattr(os, "geteuid") and os.geteuid() == 0:  # containers and workshop VMs often run as root
+            cmd.append("--allow-root")
     else:
         cmd = [str(PY), "-m", "pytest", *argv[1:]]
     return subprocess.call(cmd, cwd=ROOT, env=env)

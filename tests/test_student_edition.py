@@ -18,8 +18,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from mha_course import check, notebook_tools
-from mha_course import student_edition as se
+from authoring import notebooks as notebook_tools
+from authoring import student_edition as se
+from mha_course import check
 
 ROOT = notebook_tools.ROOT
 SOLUTIONS = notebook_tools.numbered_notebooks()
@@ -237,10 +238,10 @@ def test_committed_student_edition_is_fresh(tmp_path):
     se.build(tmp_path)
     built = sorted(p.name for p in tmp_path.glob("*.ipynb"))
     committed = sorted(p.name for p in STUDENT.glob("*.ipynb"))
-    assert committed == built, "run `python -m mha_course student-edition notebooks/student`"
+    assert committed == built, "run `python -m authoring student-edition notebooks/student`"
     for name in built:
         assert (STUDENT / name).read_bytes() == (tmp_path / name).read_bytes(), (
-            f"notebooks/student/{name} is stale: run `python -m mha_course student-edition notebooks/student`"
+            f"notebooks/student/{name} is stale: run `python -m authoring student-edition notebooks/student`"
         )
 
 
@@ -386,6 +387,7 @@ def _comparable(cell) -> list[str]:
     return values
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", [STUDENT / p.name for p in SOLUTIONS], ids=lambda p: p.stem)
 def test_student_notebook_runs_top_to_bottom(path):
     """Executed in a fresh kernel (PYTHONHASHSEED=0, set by conftest.py): no error, every exercise
@@ -393,7 +395,7 @@ def test_student_notebook_runs_top_to_bottom(path):
     the solution notebook — so nothing after an exercise depends on the learner's function."""
     from nbclient import NotebookClient
 
-    assert path.exists(), "run `python -m mha_course student-edition notebooks/student`"
+    assert path.exists(), "run `python -m authoring student-edition notebooks/student`"
     stored = nbformat.read(path, as_version=4)
     nb = copy.deepcopy(stored)
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
@@ -424,7 +426,7 @@ def test_student_notebook_runs_top_to_bottom(path):
 def test_instructor_guide_exercise_reference_is_current():
     assert se.GUIDE.read_text(encoding="utf-8") == se.guide_text(), (
         "docs/instructor_guide.md's exercise reference is stale: run "
-        "`python -m mha_course student-edition notebooks/student`"
+        "`python -m authoring student-edition notebooks/student`"
     )
 
 

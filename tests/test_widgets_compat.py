@@ -27,7 +27,11 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from mha_course import notebook_tools, quiz
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script too: the repository's tools
+from authoring import notebooks as notebook_tools  # noqa: E402
+from mha_course.kit import quiz
+
+pytestmark = pytest.mark.slow  # pip plans and second interpreters: not in `course.py test --fast`
 
 try:
     import tomllib
@@ -35,7 +39,7 @@ except ModuleNotFoundError:  # Python 3.10: pytest depends on tomli there
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
-QUIZZES = sorted(p.stem for p in (ROOT / "mha_course" / "quizzes").glob("*.json"))
+QUIZZES = sorted(p.stem for p in (ROOT / "mha_course" / "kit" / "quizzes").glob("*.json"))
 VERSION = Version(W.__version__)
 
 
@@ -127,7 +131,7 @@ def drive(path: Path) -> dict:
     matplotlib.use("Agg")
     from IPython.core.interactiveshell import InteractiveShell
 
-    import mha_course.widgets as mw
+    import mha_course.kit.widgets as mw
 
     explorers = []
     real_explorer = mw.explorer

@@ -1,7 +1,7 @@
 """The student edition: every numbered notebook with its exercise solutions taken out.
 
-    python -m mha_course student-edition OUT_DIR           build (the committed copy: notebooks/student)
-    python -m mha_course student-edition OUT_DIR --check   exit 1 if OUT_DIR is not what a build would write
+    python -m authoring student-edition OUT_DIR           build (the committed copy: notebooks/student)
+    python -m authoring student-edition OUT_DIR --check   exit 1 if OUT_DIR is not what a build would write
 
 What a build does to each solution notebook ``notebooks/NN_*.ipynb`` (see docs/authoring.md):
 
@@ -33,7 +33,7 @@ import unicodedata
 from collections.abc import Iterable
 from pathlib import Path
 
-from . import notebook_tools
+from . import notebooks as notebook_tools
 
 SOLUTION_TAG = "solution"
 #: where the committed student edition lives (its Colab badges point here)
@@ -309,10 +309,10 @@ def checker_diagnoses(name: str) -> list[str]:
     import importlib
     import inspect
 
-    from . import check
-    from .check import _core
+    from mha_course import check
+    from mha_course.check import framework as _core
 
-    module = importlib.import_module(check._ORIGIN[name])
+    module = importlib.import_module(check.CHECKERS[name].__module__)
     if getattr(module, "run_check", None) is not _core.run_check:
         return []
     signature = inspect.signature(_core.run_check)
@@ -361,7 +361,7 @@ def guide_text(found: list[Exercise] | None = None) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mha_course student-edition", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m authoring student-edition", description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir", type=Path, help="folder for the student notebooks (committed: notebooks/student)")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if OUT_DIR is stale")
     args = parser.parse_args(argv)
@@ -371,7 +371,7 @@ def main(argv: list[str]) -> int:
             for p in problems:
                 print(p)
             if problems:
-                print(f"the student edition is stale: run `python -m mha_course student-edition {args.out_dir}`")
+                print(f"the student edition is stale: run `python -m authoring student-edition {args.out_dir}`")
             return 1 if problems else 0
         found = build(args.out_dir)
     except SolutionMarkupError as err:

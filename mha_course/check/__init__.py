@@ -17,6 +17,7 @@ from .diagnostics import attention_entropy
 from .framework import CheckResult
 from .gqa import repeat_kv
 from .head_budget import attention_flops_split
+from .head_importance import gradient_importance
 from .heads import merge_heads, split_heads
 from .masks import causal_mask, padding_mask
 from .per_head import multi_head_attention_per_head
@@ -41,6 +42,7 @@ CHECKERS = {
         repeat_kv,
         kv_cache_bytes,
         ablate_heads,
+        gradient_importance,
         previous_token_score,
         online_softmax_update,
         attention_entropy,

@@ -11,7 +11,8 @@ mask_lab           05        mask conventions across APIs, the leakage test, the
 decoding           06        head groups, cache explorer, cached decoding step by step
 relation_task      07        the two-relation address-book task
 tiny_training      07        the tiny attention model and its training loop
-head_ablation      07        removing heads, attention mass, pruning curves
+head_ablation      07        removing and gating heads, attention mass, pruning curves
+solve_rates        07        how sure a solve rate is: Wilson intervals, Fisher's exact test
 pretrained         08        all-MiniLM-L6-v2 through the course's attention
 benchmark          09        ``python -m mha_course.lessons.benchmark``: the library against PyTorch
 diagnostics        10        per-head entropy, head similarity, NaN finder, causal leakage

@@ -33,18 +33,37 @@ def column_mask(num_heads: int, d_head: int, removed: Iterable[int]) -> torch.Te
 
 
 @contextmanager
-def ablated(attn: MultiHeadAttention, removed: Iterable[int]):
-    """Inside the ``with`` block, ``attn`` runs with the heads in ``removed`` zeroed.
+def gated(attn: MultiHeadAttention, gates: torch.Tensor):
+    """Inside the ``with`` block, head i's output is multiplied by ``gates[..., i]`` before W_O.
 
-    Implemented as a forward pre-hook on ``attn.out_proj`` that multiplies its input (the
-    concatenated heads, (B, L, h·d_head)) by :func:`column_mask`; the hook is removed on exit.
+    gates: (h,) for every sequence alike, or (B, h), one gate per sequence and head — the gate
+    ξ_h of Michel et al. (2019); 1 leaves a head as it is, 0 removes it. Implemented as a forward
+    pre-hook on ``attn.out_proj`` that multiplies its input (the concatenated heads,
+    (B, L, h·d_head)) column block by column block; the hook is removed on exit. Gradients flow
+    to ``gates`` when it requires them.
     """
-    mask = column_mask(attn.num_heads, attn.d_head, list(removed))
-    handle = attn.out_proj.register_forward_pre_hook(lambda module, args: (args[0] * mask,))
+    if gates.shape[-1] != attn.num_heads or gates.dim() not in (1, 2):
+        raise ValueError(f"gates must have shape (h,) or (B, h) with h={attn.num_heads}, got {tuple(gates.shape)}")
+    columns = gates.repeat_interleave(attn.d_head, dim=-1)  # (h*d_head,) or (B, h*d_head)
+    columns = columns if gates.dim() == 1 else columns[:, None, :]  # broadcast over L: (B, 1, h*d_head)
+    handle = attn.out_proj.register_forward_pre_hook(lambda module, args: (args[0] * columns,))
     try:
         yield attn
     finally:
         handle.remove()
+
+
+@contextmanager
+def ablated(attn: MultiHeadAttention, removed: Iterable[int]):
+    """Inside the ``with`` block, ``attn`` runs with the heads in ``removed`` zeroed
+    (:func:`gated` with the 0/1 gates of :func:`column_mask`)."""
+    keep = torch.ones(attn.num_heads, dtype=attn.out_proj.weight.dtype)
+    for i in removed:
+        if not 0 <= i < attn.num_heads:
+            raise ValueError(f"head {i} does not exist: the layer has num_heads={attn.num_heads}")
+        keep[i] = 0.0
+    with gated(attn, keep):
+        yield attn
 
 
 def attention_mass(weights: torch.Tensor, target_pos: torch.Tensor, query_pos: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,11 @@ parameters whatever ``num_heads`` is, so models with 1, 2 or 4 heads at the same
 exactly the same number of parameters.
 
 ``train`` is plain PyTorch: fresh batches from a seeded generator, AdamW, cross-entropy; it
-fixes the thread count while it runs (and restores it), so a seed gives bit-identical results.
+fixes the thread count while it runs (and restores it), so a seed gives bit-identical results
+on one machine. It trains in float64 by default: training amplifies rounding differences, and
+different CPUs round float32 matmuls and softmaxes differently in the last bit (AVX2 and AVX-512
+kernels, say); in float64 those differences start 2²⁹ ≈ 5·10⁸ times smaller and stay far below
+anything the notebook prints.
 """
 
 from __future__ import annotations
@@ -128,18 +132,21 @@ def train(
     d_model: int = 32,
     eval_every: int = 10,
     eval_size: int = 500,
+    dtype: torch.dtype = torch.float64,
     progress: bool | tqdm = True,
 ) -> tuple[TinyAttentionModel, History]:
     """Train a fresh :class:`TinyAttentionModel` and return it with its :class:`History`.
 
     ``seed`` fixes the initial weights and the stream of training batches; the evaluation set is
-    the same for every seed (:func:`eval_batch`). ``progress``: True shows a ``tqdm.auto`` bar,
+    the same for every seed (:func:`eval_batch`). ``dtype``: the parameters' dtype (the initial
+    values are drawn in float32 and converted, so they are the same numbers in every dtype).
+    ``progress``: True shows a ``tqdm.auto`` bar,
     False none, or pass an open bar to advance it (one bar for several runs).
     The same arguments give bit-identical weights and history on the same machine.
     """
     with fixed_threads(), torch.random.fork_rng(devices=[]):  # leaves the caller's RNG state alone
         torch.manual_seed(seed)
-        model = TinyAttentionModel(task, num_heads, d_model)
+        model = TinyAttentionModel(task, num_heads, d_model).to(dtype)
         batches = torch.Generator().manual_seed(seed)
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
         test = eval_batch(task, eval_size)
@@ -167,6 +174,14 @@ def train(
         if own_bar:
             bar.close()
     return model.eval(), history
+
+
+def per_sequence_loss(model: TinyAttentionModel, batch) -> torch.Tensor:
+    """(B,) cross-entropy of each sequence (mean over its scored queries), with autograd on."""
+    with torch.enable_grad(), fixed_threads():
+        logits, _ = model(batch.keys, batch.values)  # (B, S, C)
+        loss = F.cross_entropy(logits.transpose(1, 2), batch.target, reduction="none")  # (B, S)
+    return loss.mean(dim=1)  # (B,)
 
 
 def train_many(

@@ -82,6 +82,28 @@ def test_head_similarity_flags_identical_heads_only():
 # --- capture, NaN finder, leakage ----------------------------------------------------------------
 
 
+# --- column concentration (attention collapse) ---------------------------------------------------
+
+
+def test_column_concentration_matches_a_loop_over_sequences():
+    w = softmax_weights(3, 2, 4, 5)
+    expected = [
+        sum(max(sum(w[b, h, i, j].item() for i in range(4)) / 4 for j in range(5)) for b in range(3)) / 3
+        for h in range(2)
+    ]
+    torch.testing.assert_close(dg.column_concentration(w), torch.tensor(expected), atol=1e-6, rtol=0)
+
+
+def test_column_concentration_flags_collapse_not_sharp_lookups():
+    L = 6
+    w = torch.zeros(2, 3, L, L)
+    w[:, 0] = 1 / L  # uniform
+    w[:, 1] = torch.eye(L)  # one-hot, a different key for every query (a lookup)
+    w[0, 2, :, 3] = 1.0  # collapse: every query on key 3 in sequence 0 ...
+    w[1, 2, :, 0] = 1.0  # ... and on key 0 in sequence 1
+    torch.testing.assert_close(dg.column_concentration(w), torch.tensor([1 / L, 1 / L, 1.0]))
+
+
 def test_capture_attention_returns_each_layers_weights():
     torch.manual_seed(0)
     enc = Encoder(2, 16, 4, 32).eval()
@@ -283,6 +305,19 @@ def test_hand_written_attention_is_correct_away_from_its_hazards():
     with torch.no_grad():
         for got, expected in zip(hand(x, mask=mask), mha(x, mask=mask), strict=True):
             torch.testing.assert_close(got, expected)
+
+
+def test_no_scale_attention_scores_are_sqrt_d_head_times_larger():
+    torch.manual_seed(0)
+    scaled, unscaled = sy.HandWrittenAttention(16, 2), sy.NoScaleAttention(16, 2)
+    unscaled.load_state_dict(scaled.state_dict())
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        q = mc.split_heads(scaled.q_proj(x), 2)
+        k = mc.split_heads(scaled.k_proj(x), 2)
+        torch.testing.assert_close(unscaled.scores(q, k), scaled.scores(q, k) * math.sqrt(8))
+        reference = torch.softmax(q @ k.transpose(-2, -1), dim=-1)  # the unscaled softmax, by hand
+        torch.testing.assert_close(unscaled(x)[1], reference)
 
 
 def test_mask_bug_decoder_without_bug_equals_the_causal_encoder():

@@ -80,6 +80,21 @@ def head_similarity(weights: torch.Tensor) -> torch.Tensor:
     return (1 - tv.nanmean(dim=(0, 3))).clamp(0, 1).float()  # (h, h)
 
 
+def column_concentration(weights: torch.Tensor) -> torch.Tensor:
+    """Attention collapse: how much of a sequence's attention one key receives, per head: (h,).
+
+    In each sequence, the weight each key receives is averaged over the query rows, and the
+    largest average is kept (the most-attended key's share); the result is the mean over the
+    batch. 1 = in every sequence, every query puts all its weight on one and the same key
+    (collapse); 1/Lk = every key receives the same share. A one-hot head that looks at a
+    *different* key from each query (a lookup) scores low: only a shared target scores high.
+    weights: (B, h, Lq, Lk) or (h, Lq, Lk). Rows holding NaN are skipped.
+    """
+    w = _weights(weights)  # (B, h, Lq, Lk)
+    received = w.nanmean(dim=2)  # (B, h, Lk): each key's mean weight over the queries
+    return received.max(dim=-1).values.mean(dim=0).float()  # (h,)
+
+
 @torch.no_grad()
 def capture_attention(model: nn.Module, *args, **kwargs) -> dict[str, torch.Tensor]:
     """Run ``model(*args, **kwargs)`` once and return the attention weights of every layer:

@@ -138,11 +138,23 @@ class HandWrittenAttention(MultiHeadAttention):
         q = split_heads(self.q_proj(query), h)  # (B, h, Lq, d_head)
         k = split_heads(self.k_proj(key), h)  # (B, h, Lk, d_head)
         v = split_heads(self.v_proj(value), h)  # (B, h, Lk, d_head)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, h, Lq, Lk), in q's dtype
+        scores = self.scores(q, k)  # (B, h, Lq, Lk), in q's dtype
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         weights = scores.softmax(dim=-1)  # (B, h, Lq, Lk)
         return self.out_proj(merge_heads(weights @ v)), weights  # (B, Lq, d_model)
+
+    def scores(self, q, k):
+        """q·k / √d_head: the matmul first, the division after."""
+        return q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, h, Lq, Lk)
+
+
+class NoScaleAttention(HandWrittenAttention):
+    """:class:`HandWrittenAttention` with the 1/√d_head forgotten — the scores are q·k, about √d_head
+    times too large: the softmax saturates (one-hot rows), and in float16 the scores overflow sooner."""
+
+    def scores(self, q, k):
+        return q @ k.transpose(-2, -1)  # (B, h, Lq, Lk): no division
 
 
 def with_attention(model: nn.Module, cls: type[MultiHeadAttention]) -> nn.Module:

@@ -17,6 +17,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import mha_course as mc  # noqa: E402
+from mha_course.block import EncoderBlock  # noqa: E402
 from mha_course.check.pretrained import previous_token_score as check_previous_token_score  # noqa: E402
 from mha_course.lessons import pretrained
 
@@ -148,8 +149,9 @@ def test_every_parameter_comes_from_the_checkpoint(loaded):
     assert all(k.startswith("pooler.") or k.endswith("position_ids") for k in unused), unused
     for ours, t in encoder.state_dict().items():
         assert torch.equal(t, theirs[pretrained.hf_name(ours)]), ours
-    assert pretrained.hf_name("layers.3.attn.q_proj.weight") == "encoder.layer.3.attention.self.query.weight"
-    assert isinstance(encoder.layers[0].attn, mc.MultiHeadAttention)
+    assert pretrained.hf_name("layers.3.self_attn.q_proj.weight") == "encoder.layer.3.attention.self.query.weight"
+    assert isinstance(encoder.layers[0], EncoderBlock)  # notebook 10's block
+    assert isinstance(encoder.layers[0].self_attn, mc.MultiHeadAttention)
 
 
 def test_encoder_matches_transformers_attentions_and_hidden_states(loaded):
@@ -306,21 +308,19 @@ def test_ablation_equals_silencing_the_heads_output_in_transformers(loaded, laye
     assert (full[real] - expected[real]).abs().max() > 1e-3  # the head did matter
 
 
-def test_ablated_restores_the_weights_even_after_an_error(loaded):
+def test_ablated_never_changes_the_weights_and_removes_its_hooks_even_after_an_error(loaded):
     _, _, encoder = loaded
-    w = encoder.layers[2].attn.out_proj.weight
-    before = w.clone()
+    before = {k: v.clone() for k, v in encoder.state_dict().items()}
+    attn = encoder.layers[2].self_attn
     with pytest.raises(RuntimeError, match="boom"), pretrained.ablated(encoder, [(2, 0), (2, 5)]):
-        assert w[:, 0:32].abs().sum() == 0 and w[:, 160:192].abs().sum() == 0
-        assert torch.equal(w[:, 32:160], before[:, 32:160])  # other heads untouched
+        assert len(attn.out_proj._forward_pre_hooks) == 1  # one gate for the layer's two heads
         raise RuntimeError("boom")
-    assert torch.equal(w, before)
-    w1 = encoder.layers[1].attn.out_proj.weight
-    before1 = w1.clone()
+    assert all(not layer.self_attn.out_proj._forward_pre_hooks for layer in encoder.layers)
     with pytest.raises(ValueError, match=r"\(layer, head\) = \(1, 12\) is out of range"):
-        with pretrained.ablated(encoder, [(1, 3), (1, 12)]):  # head 3 is zeroed before 12 fails
+        with pretrained.ablated(encoder, [(1, 3), (1, 12)]):
             pass
-    assert torch.equal(w1, before1)
+    assert all(not layer.self_attn.out_proj._forward_pre_hooks for layer in encoder.layers)
+    assert all(torch.equal(v, before[k]) for k, v in encoder.state_dict().items())
 
 
 def test_ablation_effects_equal_one_full_run_per_head():

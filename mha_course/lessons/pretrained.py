@@ -9,11 +9,13 @@ another sentence's vector says how similar they mean. Its weights and tokenizer 
 * otherwise the Hugging Face hub id :data:`HUB_ID` (e.g. on Colab, which is online and has
   ``transformers`` preinstalled): ``transformers`` downloads the files once and caches them.
 
-:class:`Encoder` is the whole forward pass written with :class:`mha_course.MultiHeadAttention`
-(embeddings, post-norm encoder layers with a GELU feed-forward, mean pooling, normalisation);
+:class:`Encoder` is the whole forward pass written with the course's own parts: embeddings, then
+post-norm :class:`mha_course.block.EncoderBlock` s (notebook 10's block, with
+:class:`mha_course.MultiHeadAttention` and a GELU feed-forward network), mean pooling, normalisation;
 ``Encoder.from_hf`` copies the weights of ``transformers``' ``BertModel``. Then: per-head role
-scores of attention maps (previous / next token, [CLS], [SEP], entropy), head ablation by zeroing
-a head's block of W_O, and the figures of the notebook.
+scores of attention maps (previous / next token, [CLS], [SEP], entropy — the entropy is notebook
+10's ``diagnostics.attention_entropy``), head ablation (notebook 07's ``head_ablation.ablated``, one
+layer at a time), and the figures of the notebook.
 
 Notation: ``n_layers`` layers, h heads, L tokens; an attention map is (..., L, L) with rows =
 queries and columns = keys; layers and heads count from 0.
@@ -23,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import math
 import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -32,7 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..multihead import MultiHeadAttention
+from ..block import EncoderBlock
+from . import head_ablation
+from .diagnostics import attention_entropy
 
 HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
 #: the sentence the notebook looks at first (the classic coreference example) and its twin,
@@ -134,26 +137,9 @@ def key_mask(attention_mask):
     return attention_mask.bool()[:, None, None, :]
 
 
-class EncoderLayer(nn.Module):
-    """One BERT layer (post-norm): x = LN(x + MHA(x)); x = LN(x + W₂ GELU(W₁ x))."""
-
-    def __init__(self, d_model: int, num_heads: int, d_ff: int, eps: float = 1e-12):
-        super().__init__()
-        self.attn = MultiHeadAttention(d_model, num_heads)  # q/k/v/out projections with biases
-        self.attn_norm = nn.LayerNorm(d_model, eps=eps)
-        self.ffn = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
-        self.ffn_norm = nn.LayerNorm(d_model, eps=eps)
-
-    def forward(self, x, mask=None):
-        """x (B, L, d_model), mask bool (B, 1, 1, L) -> x (B, L, d_model), weights (B, h, L, L)."""
-        a, weights = self.attn(x, mask=mask)
-        x = self.attn_norm(x + a)
-        x = self.ffn_norm(x + self.ffn(x))
-        return x, weights
-
-
 class Encoder(nn.Module):
-    """A BERT encoder whose attention is :class:`mha_course.MultiHeadAttention`.
+    """A BERT encoder built from notebook 10's post-norm :class:`EncoderBlock` (GELU feed-forward,
+    LayerNorm epsilon 1e-12), whose attention is :class:`mha_course.MultiHeadAttention`.
 
     ``forward(input_ids, attention_mask=None) -> (hidden, attentions)``:
         input_ids (B, L) token ids; attention_mask (B, L), 1 = real token, 0 = padding.
@@ -179,7 +165,10 @@ class Encoder(nn.Module):
         self.pos_emb = nn.Embedding(max_positions, d_model)
         self.type_emb = nn.Embedding(type_vocab_size, d_model)
         self.emb_norm = nn.LayerNorm(d_model, eps=eps)
-        self.layers = nn.ModuleList(EncoderLayer(d_model, num_heads, d_ff, eps) for _ in range(num_layers))
+        self.layers = nn.ModuleList(
+            EncoderBlock(d_model, num_heads, d_ff, norm_first=False, activation="gelu", layer_norm_eps=eps)
+            for _ in range(num_layers)
+        )
         self.num_layers, self.num_heads, self.d_model = num_layers, num_heads, d_model
 
     def embed(self, input_ids):
@@ -192,10 +181,18 @@ class Encoder(nn.Module):
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         mask = key_mask(attention_mask)  # (B, 1, 1, L)
-        x, attentions = self.embed(input_ids), []  # (B, L, d_model)
-        for layer in self.layers:
-            x, weights = layer(x, mask)  # weights (B, h, L, L)
-            attentions.append(weights)
+        attentions = []  # each layer's weights (B, h, L, L), read by a hook on its attention
+        hooks = [
+            layer.self_attn.register_forward_hook(lambda module, args, out: attentions.append(out[1]))
+            for layer in self.layers
+        ]
+        try:
+            x = self.embed(input_ids)  # (B, L, d_model)
+            for layer in self.layers:
+                x = layer(x, mask=mask)  # (B, L, d_model)
+        finally:
+            for hook in hooks:
+                hook.remove()
         return x, torch.stack(attentions, dim=1)  # (B, L, d_model), (B, n_layers, h, L, L)
 
     @staticmethod
@@ -234,19 +231,19 @@ WEIGHT_NAMES: dict[str, str] = {
     "pos_emb": "embeddings.position_embeddings",
     "type_emb": "embeddings.token_type_embeddings",
     "emb_norm": "embeddings.LayerNorm",
-    "layers.{i}.attn.q_proj": "encoder.layer.{i}.attention.self.query",
-    "layers.{i}.attn.k_proj": "encoder.layer.{i}.attention.self.key",
-    "layers.{i}.attn.v_proj": "encoder.layer.{i}.attention.self.value",
-    "layers.{i}.attn.out_proj": "encoder.layer.{i}.attention.output.dense",
-    "layers.{i}.attn_norm": "encoder.layer.{i}.attention.output.LayerNorm",
-    "layers.{i}.ffn.0": "encoder.layer.{i}.intermediate.dense",
-    "layers.{i}.ffn.2": "encoder.layer.{i}.output.dense",
-    "layers.{i}.ffn_norm": "encoder.layer.{i}.output.LayerNorm",
+    "layers.{i}.self_attn.q_proj": "encoder.layer.{i}.attention.self.query",
+    "layers.{i}.self_attn.k_proj": "encoder.layer.{i}.attention.self.key",
+    "layers.{i}.self_attn.v_proj": "encoder.layer.{i}.attention.self.value",
+    "layers.{i}.self_attn.out_proj": "encoder.layer.{i}.attention.output.dense",
+    "layers.{i}.norm1": "encoder.layer.{i}.attention.output.LayerNorm",
+    "layers.{i}.linear1": "encoder.layer.{i}.intermediate.dense",
+    "layers.{i}.linear2": "encoder.layer.{i}.output.dense",
+    "layers.{i}.norm2": "encoder.layer.{i}.output.LayerNorm",
 }
 
 
 def hf_name(name: str) -> str:
-    """The checkpoint's name for our parameter ``name`` ('layers.3.attn.q_proj.weight' ->
+    """The checkpoint's name for our parameter ``name`` ('layers.3.self_attn.q_proj.weight' ->
     'encoder.layer.3.attention.self.query.weight')."""
     parts = name.split(".")
     if parts[0] == "layers":  # layers.<i>.<module>.<leaf>
@@ -296,10 +293,11 @@ def position_score(attn, key: int):
 
 def entropy_score(attn):
     """Breadth of attention: each row's entropy divided by log L (0 = one key, 1 = uniform over
-    all L keys), averaged over the queries: attn (..., L, L) -> (...)."""
+    all L keys), averaged over the queries: attn (..., L, L) -> (...). Notebook 10's
+    ``attention_entropy(normalize=True)``, with every map of ``attn`` as one head."""
     L = attn.shape[-1]
-    h = -torch.xlogy(attn, attn).sum(dim=-1)  # (..., L) in nats; 0·log 0 = 0
-    return h.mean(dim=-1) / math.log(L) if L > 1 else torch.zeros_like(h.mean(dim=-1))
+    as_heads = attn.reshape(1, -1, L, L)  # (1, prod(...), L, L): one "head" per map
+    return attention_entropy(as_heads, normalize=True).to(attn.dtype).reshape(attn.shape[:-2])
 
 
 ROLES = {
@@ -329,29 +327,22 @@ def role_scores(maps: Iterable) -> dict[str, torch.Tensor]:
 def ablated(encoder: Encoder, heads: Iterable[tuple[int, int]]):
     """Inside the ``with`` block, the listed ``(layer, head)`` pairs contribute nothing.
 
-    Head i's output (its d_head numbers in the concatenation) meets only columns
-    [i·d_head, (i+1)·d_head) of W_O; zeroing those columns removes the head exactly as zeroing
-    its output would. The weights are restored on exit.
+    Notebook 07's :func:`head_ablation.ablated` on each layer's attention: head i's output is
+    multiplied by 0 before W_O, exactly as zeroing W_O's columns [i·d_head, (i+1)·d_head) would.
+    The weights are never changed; the hooks are removed on exit.
     """
-    saved = []
-    try:
-        with torch.no_grad():
-            for layer, head in heads:
-                if not (0 <= layer < encoder.num_layers and 0 <= head < encoder.num_heads):
-                    raise ValueError(
-                        f"(layer, head) = ({layer}, {head}) is out of range: the encoder has "
-                        f"{encoder.num_layers} layers of {encoder.num_heads} heads, counted from 0"
-                    )
-                weight = encoder.layers[layer].attn.out_proj.weight  # (d_model, h·d_head)
-                d_head = encoder.layers[layer].attn.d_head
-                block = slice(head * d_head, (head + 1) * d_head)
-                saved.append((weight, block, weight[:, block].clone()))
-                weight[:, block] = 0.0
+    by_layer: dict[int, list[int]] = {}
+    for layer, head in heads:
+        if not (0 <= layer < encoder.num_layers and 0 <= head < encoder.num_heads):
+            raise ValueError(
+                f"(layer, head) = ({layer}, {head}) is out of range: the encoder has "
+                f"{encoder.num_layers} layers of {encoder.num_heads} heads, counted from 0"
+            )
+        by_layer.setdefault(layer, []).append(head)
+    with contextlib.ExitStack() as stack:
+        for layer, removed in by_layer.items():
+            stack.enter_context(head_ablation.ablated(encoder.layers[layer].self_attn, removed))
         yield encoder
-    finally:
-        with torch.no_grad():
-            for weight, block, old in reversed(saved):
-                weight[:, block] = old
 
 
 def pair_similarities(encoder: Encoder, batch) -> torch.Tensor:
@@ -375,7 +366,7 @@ def ablation_effects(encoder: Encoder, batch) -> torch.Tensor:
 
     def cosines(x, start):  # run layers start.. on x, then pool and compare the pairs
         for layer in encoder.layers[start:]:
-            x, _ = layer(x, mask)
+            x = layer(x, mask=mask)
         e = Encoder.sentence_embedding(x, am)  # (2P, d_model)
         return (e[0::2] * e[1::2]).sum(dim=-1)  # (P,)
 
@@ -383,7 +374,7 @@ def ablation_effects(encoder: Encoder, batch) -> torch.Tensor:
         inputs, x = [], encoder.embed(ids)
         for layer in encoder.layers:  # the input of every layer, computed once
             inputs.append(x)
-            x, _ = layer(x, mask)
+            x = layer(x, mask=mask)
         base = cosines(x, encoder.num_layers)
         out = torch.empty(encoder.num_layers, encoder.num_heads, base.numel())
         for layer in range(encoder.num_layers):

@@ -3,6 +3,7 @@
 
     python3 course.py lab    install everything into .venv/ and open the course in JupyterLab
     python3 course.py test   install everything into .venv/ and run the whole test suite
+    python3 course.py site   also install the website's tools (the `site` extra) and build _site/
 
 Both create the virtual environment .venv/ next to this file on first use and (re)install the
 requirements whenever requirements.txt or pyproject.toml change. Extra arguments after `test`
@@ -43,8 +44,20 @@ def ensure_environment() -> None:
     STAMP.write_text(digest)
 
 
+def ensure_site_tools() -> None:
+    """The optional `site` extra of pyproject.toml (Sphinx, MyST-NB ...), only for `site`."""
+    stamp = VENV / ".mha-course-site-installed"
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if stamp.exists() and stamp.read_text() == digest:
+        return
+    print("installing the course website's tools (the `site` extra) into .venv/ ...", flush=True)
+    pip = [str(PY), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    subprocess.check_call(pip + ["-e", f"{ROOT}[site]"], cwd=ROOT)
+    stamp.write_text(digest)
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("lab", "test"):
+    if not argv or argv[0] not in ("lab", "test", "site"):
         print(__doc__)
         return 2
     ensure_environment()
@@ -53,6 +66,9 @@ def main(argv: list[str]) -> int:
         cmd = [str(PY), "-m", "jupyter", "lab", str(ROOT / "notebooks" / "00_setup_check.ipynb"), *argv[1:]]
         if hasattr(os, "geteuid") and os.geteuid() == 0:  # containers and workshop VMs often run as root
             cmd.append("--allow-root")
+    elif argv[0] == "site":
+        ensure_site_tools()
+        cmd = [str(PY), "-m", "authoring.site", *argv[1:]]
     else:
         cmd = [str(PY), "-m", "pytest", *argv[1:]]
     return subprocess.call(cmd, cwd=ROOT, env=env)

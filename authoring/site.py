@@ -149,7 +149,7 @@ def _models_below(state: dict, model_id: str) -> set[str]:
             continue
         seen.add(mid)
         names.add(state[mid].get("model_name", ""))
-        todo += re.findall(r"IPY_MODEL_([0-9a-f]+)", json.dumps(state[mid].get("state", {})))
+        todo += re.findall(r"IPY_MODEL_(\w+)", json.dumps(state[mid].get("state", {})))
     return names
 
 
@@ -235,17 +235,20 @@ def build(out: Path = DEFAULT_OUT, *, quiet: bool = True) -> Path:
 
     out = Path(out).resolve()
     with tempfile.TemporaryDirectory(prefix="mha-site-") as tmp:
-        src = Path(tmp) / "src"
+        # everything Sphinx and MyST-NB write (they put files next to the output folder too) stays
+        # in the temporary folder; `out` is replaced only by a finished site
+        src, html = Path(tmp) / "src", Path(tmp) / "html"
         stage(src)
-        if out.exists():
-            shutil.rmtree(out)
         args = ["-b", "html", "-c", str(CONF_DIR), "-d", str(Path(tmp) / "doctrees"), "-W", "--keep-going"]
         args += ["-q"] if quiet else []
-        status = build_main([*args, str(src), str(out)])
-    if status:
-        raise SystemExit(f"the site build failed (sphinx-build exit status {status}); see the messages above")
-    prune_mathjax(out / "_static" / "mathjax")
-    (out / ".nojekyll").write_text("")  # GitHub Pages: serve _static/ and friends as they are
+        status = build_main([*args, str(src), str(html)])
+        if status:
+            raise SystemExit(f"the site build failed (sphinx-build exit status {status}); see the messages above")
+        prune_mathjax(html / "_static" / "mathjax")
+        (html / ".nojekyll").write_text("")  # GitHub Pages: serve _static/ and friends as they are
+        if out.exists():
+            shutil.rmtree(out)
+        shutil.move(html, out)
     return out
 
 

@@ -23,7 +23,10 @@ def site_dir(tmp_path_factory) -> Path:
     skip, except in CI, where they fail."""
     missing = [name for name in SITE_TOOLS if importlib.util.find_spec(name) is None]
     if missing:
-        reason = f"the course website needs the `site` extra (pip install -e '.[site]'); missing: {', '.join(missing)}"
+        reason = (
+            "the course website needs the `site` extra: `python3 course.py site` installs it "
+            f"(or pip install -e '.[site]'); missing: {', '.join(missing)}"
+        )
         if in_ci():
             pytest.fail(reason, pytrace=False)
         pytest.skip(reason)

@@ -96,6 +96,7 @@ def test_the_build_has_a_page_for_every_notebook_and_the_reference_pages(site_di
         assert notebook_page(site_dir, nb).is_file(), f"no page for {nb.name}"
     for name in ("index", "glossary", "instructor_guide", "exercise_reference", "search"):
         assert (site_dir / f"{name}.html").is_file(), f"no {name}.html"
+    assert [p.name for p in site_dir.parent.iterdir()] == [site_dir.name], "the build wrote next to its output"
 
 
 def test_every_internal_link_and_anchor_resolves(site_dir, pages):
@@ -254,3 +255,48 @@ def test_links_written_for_github_are_rewritten_for_the_site():
     )
     in_a_notebook = site.rewrite_links("[s](student/01_x.ipynb)", "notebooks", "notebooks")
     assert in_a_notebook == "{download}`s <student/01_x.ipynb>`"
+
+
+def _widget_output(model_id: str, plain: str) -> dict:
+    data = {site.WIDGET_VIEW: {"model_id": model_id, "version_major": 2, "version_minor": 0}, "text/plain": plain}
+    return {"output_type": "display_data", "data": data, "metadata": {}}
+
+
+def test_a_new_notebooks_widgets_become_notes_and_its_progress_bars_go():
+    """A notebook the site has never seen: an explorer (figure + controls), a progress bar and a
+    quiz, as ipywidgets stores them."""
+    model = lambda name, *children: {  # noqa: E731
+        "model_name": name,
+        "state": {"children": [f"IPY_MODEL_{c}" for c in children]},
+    }
+    state = {
+        "e0": model("VBoxModel", "e1"),
+        "e1": model("HBoxModel", "e2"),
+        "e2": model("FloatSliderModel"),
+        "p0": model("HBoxModel", "p1", "p2"),
+        "p1": model("HTMLModel"),
+        "p2": model("FloatProgressModel"),
+        "q0": model("VBoxModel", "q1", "q2"),
+        "q1": model("HTMLModel"),
+        "q2": model("RadioButtonsModel"),
+    }
+    figure = {"output_type": "display_data", "data": {"image/png": "iVBORw0KGgo=", "text/plain": "<Figure>"}}
+    badge = "[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab/x)"
+    nb = {
+        "cells": [
+            {"cell_type": "markdown", "metadata": {}, "source": f"# 99 · New\n\n{badge}"},
+            {"cell_type": "code", "metadata": {}, "source": "", "outputs": [figure, _widget_output("e0", "VBox(...)")]},
+            {"cell_type": "code", "metadata": {}, "source": "", "outputs": [_widget_output("p0", "train: 0%| 0/9")]},
+            {"cell_type": "code", "metadata": {}, "source": "", "outputs": [_widget_output("q0", "VBox(...)")]},
+        ],
+        "metadata": {"widgets": {site.WIDGET_STATE: {"state": state}}},
+    }
+    page = site.notebook_page(nb, "notebooks/99_new.ipynb", None)
+    assert "widgets" not in page["metadata"] and "widgets" in nb["metadata"], "the original stays as it was"
+    title = page["cells"][0]["source"]
+    assert title == f"# 99 · New\n\n[Open in Colab]({site.colab_url('notebooks/99_new.ipynb')})"
+    explorer, progress, quiz = (c["outputs"] for c in page["cells"][1:])
+    assert explorer[0] == figure and "explorer" in explorer[1]["data"]["text/html"]
+    assert progress == []
+    assert len(quiz) == 1 and "quiz" in quiz[0]["data"]["text/html"]
+    assert all('class="widget-note"' in out["data"]["text/html"] for out in (explorer[1], quiz[0]))

@@ -5,12 +5,14 @@ landing page, the notebooks with their stored outputs, the glossary and the inst
 this folder holds only the configuration and the site's stylesheet.
 """
 
-import re
+import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-_urls = re.search(r'^Repository\s*=\s*"([^"]+)"', (ROOT / "pyproject.toml").read_text(encoding="utf-8"), re.M)
-REPOSITORY = _urls.group(1) if _urls else ""
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+
+from authoring.site import repository_url  # noqa: E402
+
+REPOSITORY = repository_url()
 
 project = "Multi-head attention, from one head to GQA"
 author = "the mha-course authors"
@@ -43,7 +45,7 @@ html_css_files = ["course.css"]
 html_copy_source = True  # the theme's download button offers each page's .ipynb / .md
 html_theme_options = {
     "repository_url": REPOSITORY,
-    "use_repository_button": bool(REPOSITORY),
+    "use_repository_button": True,
     "use_download_button": True,
     "use_fullscreen_button": False,
     "show_toc_level": 2,

@@ -29,40 +29,29 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from authoring.notebooks import BADGE_RE, ROOT, colab_url_for, numbered_notebooks, repository
+
 CONF_DIR = ROOT / "docs" / "site"
-NOTEBOOKS = ROOT / "notebooks"
 DEFAULT_OUT = ROOT / "_site"
-NOTEBOOK_NAME = "[0-9][0-9]_*.ipynb"
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
-BADGE_RE = re.compile(r"\[!\[Open In Colab\]\([^)]*\)\]\(([^)]*)\)")
 LINK_RE = re.compile(r"(?<!!)\[([^\]]*)\]\(([^)\s]+)\)")
 EXERCISE_REFERENCE = "## Exercise reference (generated)"
 
 
 def repository_url() -> str:
-    """``https://github.com/OWNER/REPO`` from pyproject's ``[project.urls] Repository``."""
-    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
-    m = re.search(r'^Repository\s*=\s*"(https://github\.com/[^/"]+/[^/"]+?)(?:\.git)?/?"', text, re.M)
-    if not m:
-        raise ValueError('pyproject.toml has no [project.urls] Repository = "https://github.com/OWNER/REPO"')
-    return m.group(1)
-
-
-def colab_url(rel: str) -> str:
-    """Colab's URL of the repository file at ``rel`` (the same links as README.md's course map)."""
-    return repository_url().replace("https://github.com/", "https://colab.research.google.com/github/", 1) + (
-        f"/blob/main/{rel}"
-    )
-
-
-def numbered_notebooks() -> list[Path]:
-    return sorted(NOTEBOOKS.glob(NOTEBOOK_NAME))
+    """``https://github.com/OWNER/REPO``: pyproject's ``[project.urls] Repository``."""
+    owner, repo = repository()
+    return f"https://github.com/{owner}/{repo}"
 
 
 # ---------------------------------------------------------------- links in Markdown
+
+
+def _badge_target(badge: re.Match) -> str:
+    """Where a Colab badge ``[![Open In Colab](image)](target)`` links to."""
+    return badge.group(0).rsplit("](", 1)[1][:-1]
 
 
 def _download(text: str, target: str) -> str:
@@ -74,7 +63,7 @@ def rewrite_links(markdown: str, source_dir: str, page_dir: str) -> str:
     in ``page_dir`` of the site: notebooks link to their pages, the student edition to downloads,
     the instructor guide to its page, anything else in the repository to GitHub; the Colab badge
     image becomes a text link."""
-    markdown = BADGE_RE.sub(lambda m: f"[Open in Colab]({m.group(1)})", markdown)
+    markdown = BADGE_RE.sub(lambda m: f"[Open in Colab]({_badge_target(m)})", markdown)
     site_paths = {"docs/instructor_guide.md": "instructor_guide.md"}
 
     def one(m: re.Match) -> str:
@@ -170,12 +159,12 @@ def notebook_page(nb: dict, rel: str, student_rel: str | None) -> dict:
     nb = copy.deepcopy(nb)
     state = nb.get("metadata", {}).pop("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
     page_dir = os.path.dirname(rel)
-    links = f"[Open in Colab]({colab_url(rel)})"
+    links = f"[Open in Colab]({colab_url_for(rel)})"
     if student_rel:
         student = os.path.relpath(student_rel, page_dir).replace(os.sep, "/")
         links += (
             f" · student edition (exercises to fill in): {_download('download the notebook', student)}"
-            f" or [open it in Colab]({colab_url(student_rel)})"
+            f" or [open it in Colab]({colab_url_for(student_rel)})"
         )
     badge_replaced = False
     for cell in nb["cells"]:
@@ -201,7 +190,7 @@ def notebook_page(nb: dict, rel: str, student_rel: str | None) -> dict:
             if "FloatProgressModel" in names or "it/s]" in plain:
                 continue  # a progress bar: nothing to show on a page
             kind = "quiz" if "RadioButtonsModel" in names or plain.startswith("VBox(children=(HTML(") else "explorer"
-            outputs.append(_widget_note(kind, colab_url(rel)))
+            outputs.append(_widget_note(kind, colab_url_for(rel)))
         cell["outputs"] = outputs
     if not badge_replaced:  # no badge in the notebook: the links go first
         nb["cells"].insert(0, {"cell_type": "markdown", "metadata": {}, "source": links})

@@ -90,6 +90,7 @@ def notebook_page(site_dir: Path, nb: Path) -> Path:
     return site_dir / "notebooks" / f"{nb.stem}.html"
 
 
+@pytest.mark.slow  # builds the site (Sphinx, about 10 s)
 def test_the_build_has_a_page_for_every_notebook_and_the_reference_pages(site_dir):
     assert len(NOTEBOOKS) >= 11
     for nb in NOTEBOOKS:
@@ -99,6 +100,7 @@ def test_the_build_has_a_page_for_every_notebook_and_the_reference_pages(site_di
     assert [p.name for p in site_dir.parent.iterdir()] == [site_dir.name], "the build wrote next to its output"
 
 
+@pytest.mark.slow  # builds the site (Sphinx, about 10 s)
 def test_every_internal_link_and_anchor_resolves(site_dir, pages):
     broken, checked = [], 0
     for path, page in pages.items():
@@ -131,6 +133,7 @@ def test_the_link_checker_finds_a_broken_link_and_a_broken_anchor(tmp_path):
     assert target.is_file() and fragment in parse(target).ids
 
 
+@pytest.mark.slow  # builds the site (Sphinx, about 10 s)
 def test_the_landing_page_is_the_readme_with_every_notebook_linked(site_dir, pages):
     index = pages[site_dir / "index.html"]
     text = " ".join(index.text)
@@ -142,6 +145,7 @@ def test_the_landing_page_is_the_readme_with_every_notebook_linked(site_dir, pag
         assert notebook_page(site_dir, nb).resolve() in linked, f"the landing page does not link {nb.stem}"
 
 
+@pytest.mark.slow  # builds the site (Sphinx, about 10 s)
 def test_notebook_pages_show_every_stored_figure_as_an_image_file(site_dir, pages):
     for nb in NOTEBOOKS:
         cells = json.loads(nb.read_text(encoding="utf-8"))["cells"]
@@ -154,6 +158,7 @@ def test_notebook_pages_show_every_stored_figure_as_an_image_file(site_dir, page
             assert p.read_bytes()[:8] == PNG_MAGIC, f"{p} is not a PNG image"
 
 
+@pytest.mark.slow  # builds the site (Sphinx, about 10 s)
 def test_math_is_rendered_markup_never_raw_dollars(site_dir, pages):
     with_math = 0
     for nb in NOTEBOOKS:
@@ -175,6 +180,7 @@ def test_math_is_rendered_markup_never_raw_dollars(site_dir, pages):
     assert list((site_dir / "_static" / "mathjax" / "output" / "chtml" / "fonts" / "woff-v2").glob("*.woff"))
 
 
+@pytest.mark.slow  # builds the site (Sphinx, about 10 s)
 def test_nothing_is_loaded_from_another_host(pages, site_dir):
     external = [
         f"{path.relative_to(site_dir)}: <{tag}> {url}"
@@ -185,6 +191,7 @@ def test_nothing_is_loaded_from_another_host(pages, site_dir):
     assert not external, "the site must work offline:\n" + "\n".join(external)
 
 
+@pytest.mark.slow  # builds the site (Sphinx, about 10 s)
 def test_widgets_leave_a_note_never_raw_widget_data(site_dir, pages):
     for nb in NOTEBOOKS:
         source = nb.read_text(encoding="utf-8")
@@ -197,16 +204,17 @@ def test_widgets_leave_a_note_never_raw_widget_data(site_dir, pages):
         assert page.classes.count("widget-note") >= min(explorers_and_quizzes, 1), nb.stem
 
 
+@pytest.mark.slow  # builds the site (Sphinx, about 10 s)
 def test_each_notebook_page_links_colab_and_its_student_edition(site_dir, pages):
     for nb in NOTEBOOKS:
         path = notebook_page(site_dir, nb)
         links = pages[path].links
         rel = nb.relative_to(ROOT).as_posix()
-        assert site.colab_url(rel) in links, f"{nb.stem}: no Colab link"
+        assert site.colab_url_for(rel) in links, f"{nb.stem}: no Colab link"
         student = ROOT / "notebooks" / "student" / nb.name
         if not student.exists():
             continue
-        assert site.colab_url(f"notebooks/student/{nb.name}") in links, (
+        assert site.colab_url_for(f"notebooks/student/{nb.name}") in links, (
             f"{nb.stem}: no Colab link to the student edition"
         )
         downloads = [resolve(site_dir, path, u)[0] for u in links if is_internal(u) and u.endswith("/" + nb.name)]
@@ -215,6 +223,7 @@ def test_each_notebook_page_links_colab_and_its_student_edition(site_dir, pages)
         )
 
 
+@pytest.mark.slow  # builds the site (Sphinx, about 10 s)
 def test_glossary_instructor_guide_and_exercise_reference_pages(site_dir, pages):
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     block = readme.split("<!-- glossary:start -->")[1].split("<!-- glossary:end -->")[0]
@@ -232,6 +241,7 @@ def test_glossary_instructor_guide_and_exercise_reference_pages(site_dir, pages)
         assert heading in guide_text, f"the instructor guide page lacks the section {heading!r}"
 
 
+@pytest.mark.slow  # builds the site (Sphinx, about 10 s)
 def test_search_index_holds_the_course_terms(site_dir):
     index = (site_dir / "searchindex.js").read_text(encoding="utf-8")
     for term in ("softmax", "kv", "causal"):
@@ -294,7 +304,7 @@ def test_a_new_notebooks_widgets_become_notes_and_its_progress_bars_go():
     page = site.notebook_page(nb, "notebooks/99_new.ipynb", None)
     assert "widgets" not in page["metadata"] and "widgets" in nb["metadata"], "the original stays as it was"
     title = page["cells"][0]["source"]
-    assert title == f"# 99 · New\n\n[Open in Colab]({site.colab_url('notebooks/99_new.ipynb')})"
+    assert title == f"# 99 · New\n\n[Open in Colab]({site.colab_url_for('notebooks/99_new.ipynb')})"
     explorer, progress, quiz = (c["outputs"] for c in page["cells"][1:])
     assert explorer[0] == figure and "explorer" in explorer[1]["data"]["text/html"]
     assert progress == []

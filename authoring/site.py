@@ -144,8 +144,8 @@ def _models_below(state: dict, model_id: str) -> set[str]:
 
 def _widget_note(kind: str, colab: str) -> dict:
     what = {
-        "quiz": "This quiz answers each choice when the notebook runs in a kernel",
         "explorer": "The controls of this explorer redraw the figure above when the notebook runs in a kernel",
+        "interactive": "This part answers interactively when the notebook runs in a kernel",
     }[kind]
     html = (
         f'<p class="widget-note">{what}: open it in JupyterLab (<code>python3 course.py lab</code>) '
@@ -187,10 +187,11 @@ def notebook_page(nb: dict, rel: str, student_rel: str | None) -> dict:
                 continue
             names = _models_below(state, view.get("model_id", ""))
             plain = "".join(out["data"].get("text/plain", ""))
-            if "FloatProgressModel" in names or "it/s]" in plain:
+            if names & {"FloatProgressModel", "IntProgressModel"} or "it/s]" in plain:
                 continue  # a progress bar: nothing to show on a page
-            kind = "quiz" if "RadioButtonsModel" in names or plain.startswith("VBox(children=(HTML(") else "explorer"
-            outputs.append(_widget_note(kind, colab_url_for(rel)))
+            # an explorer shows its static figure first; a quiz, a prediction or a hint ladder its text
+            after_figure = bool(outputs) and "image/png" in outputs[-1].get("data", {})
+            outputs.append(_widget_note("explorer" if after_figure else "interactive", colab_url_for(rel)))
         cell["outputs"] = outputs
     if not badge_replaced:  # no badge in the notebook: the links go first
         nb["cells"].insert(0, {"cell_type": "markdown", "metadata": {}, "source": links})

@@ -210,3 +210,38 @@ def test_checker_reports_bad_functions_instead_of_raising_and_is_deterministic()
         assert not result.passed and words in result.message, result.message
     assert torch.equal(before, torch.random.get_rng_state())
     assert repr(mc.check.ablate_heads(solution)) == repr(mc.check.ablate_heads(solution))
+
+
+@pytest.mark.parametrize("per_sequence", [False, True])
+def test_gated_scales_each_heads_share_of_the_output(attn_and_x, per_sequence):
+    attn, x = attn_and_x
+    B, h, d = x.shape[0], attn.num_heads, attn.d_head
+    g = torch.Generator().manual_seed(3)
+    gates = torch.rand(B, h, generator=g) if per_sequence else torch.rand(h, generator=g)
+    with torch.no_grad(), head_ablation.gated(attn, gates):
+        got, _ = attn(x)
+    with torch.no_grad():  # independent: each head through F.sdpa, scaled, through its block of W_O
+        q, k, v = (mc.split_heads(p(x), h) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+        heads = torch.nn.functional.scaled_dot_product_attention(q, k, v)  # (B, h, L, d_head)
+        expected = attn.out_proj.bias.clone()
+        for i in range(h):
+            gate = gates[:, i, None, None] if per_sequence else gates[i]
+            expected = expected + gate * heads[:, i] @ attn.out_proj.weight[:, i * d : (i + 1) * d].T
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert not attn.out_proj._forward_pre_hooks
+
+
+def test_gated_passes_gradients_to_the_gates(attn_and_x):
+    attn, x = attn_and_x
+    gates = torch.ones(x.shape[0], attn.num_heads, requires_grad=True)
+    with head_ablation.gated(attn, gates):
+        out, _ = attn(x)
+    out.pow(2).sum().backward()
+    assert gates.grad is not None and gates.grad.shape == gates.shape and gates.grad.abs().sum() > 0
+
+
+def test_gated_names_a_wrong_gate_shape(attn_and_x):
+    attn, _ = attn_and_x
+    with pytest.raises(ValueError, match="gates must have shape"):
+        with head_ablation.gated(attn, torch.ones(attn.num_heads + 1)):
+            pass

@@ -43,7 +43,9 @@ def test_fisher_exact_known_values():
     assert fisher_exact(0, 20, 20, 20) == pytest.approx(2 / math.comb(40, 20), rel=1e-9)
 
 
-@pytest.mark.parametrize("k1, n1, k2, n2", [(1, 5, 3, 5), (5, 20, 12, 20), (4, 20, 10, 20), (0, 20, 7, 20), (3, 7, 9, 11)])
+@pytest.mark.parametrize(
+    "k1, n1, k2, n2", [(1, 5, 3, 5), (5, 20, 12, 20), (4, 20, 10, 20), (0, 20, 7, 20), (3, 7, 9, 11)]
+)
 def test_fisher_exact_equals_scipy(k1, n1, k2, n2):
     stats = pytest.importorskip("scipy.stats")
     ref = stats.fisher_exact([[k1, n1 - k1], [k2, n2 - k2]]).pvalue

@@ -128,3 +128,24 @@ def test_two_heads_beat_one_head():
 def test_the_models_attention_is_the_course_module():
     model = tiny_training.TinyAttentionModel(TASK, 4)
     assert isinstance(model.attn, mc.MultiHeadAttention) and model.attn.d_head == 8
+
+
+def test_per_sequence_loss_is_each_sequences_mean_cross_entropy():
+    torch.manual_seed(0)
+    model = tiny_training.TinyAttentionModel(TASK, 2).double().eval()
+    batch = TASK.sample(4, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        losses = tiny_training.per_sequence_loss(model, batch)
+        logits, _ = model(batch.keys, batch.values)
+    expected = [F.cross_entropy(logits[b], batch.target[b]).item() for b in range(4)]
+    torch.testing.assert_close(losses, torch.tensor(expected, dtype=torch.float64))
+    assert losses.requires_grad  # autograd on inside, even under no_grad
+
+
+def test_training_runs_in_float64_by_default_and_in_the_dtype_asked_for():
+    model, _ = tiny_training.train(TASK, 2, seed=0, steps=2, eval_size=10, progress=False)
+    assert {p.dtype for p in model.parameters()} == {torch.float64}
+    model32, _ = tiny_training.train(TASK, 2, seed=0, steps=2, eval_size=10, progress=False, dtype=torch.float32)
+    assert {p.dtype for p in model32.parameters()} == {torch.float32}
+    for p64, p32 in zip(model.parameters(), model32.parameters(), strict=True):  # same start, 2 steps apart
+        torch.testing.assert_close(p64.float(), p32, atol=2 * 2 * 1e-2, rtol=0)  # Adam moves each by <= ~lr a step

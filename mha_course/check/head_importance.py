@@ -11,7 +11,7 @@ from ..attention import scaled_dot_product_attention
 from ..heads import merge_heads, split_heads
 from .framework import Case, CheckResult, Mistake, run_check, tensor_generator
 
-__all__ = ["gradient_importance", "GRADIENT_IMPORTANCE_MISTAKES"]
+__all__ = ["gradient_importance"]
 
 
 class GatedLoss:
@@ -110,7 +110,10 @@ def _cases() -> list[Case]:
             (GatedLoss(g, 6, 3, silent=[1], target_gates=[1.0, 1.0, 1.8]), 6, 3),
             description="6 sequences, 3 heads, head 1 silent",
         ),
-        Case((GatedLoss(g, 5, 4, silent=[0, 3], loud=[2]), 5, 4), description="4 heads, heads 0 and 3 silent, head 2 loud"),
+        Case(
+            (GatedLoss(g, 5, 4, silent=[0, 3], loud=[2]), 5, 4),
+            description="4 heads, heads 0 and 3 silent, head 2 loud",
+        ),
         Case((GatedLoss(g, 3, 2, d_head=4, L=6), 3, 2), description="2 heads of width 4, 6 positions"),
         Case((GatedLoss(g, 1, 2), 1, 2), description="a single sequence"),
     ]

@@ -181,7 +181,7 @@ def per_sequence_loss(model: TinyAttentionModel, batch) -> torch.Tensor:
     with torch.enable_grad(), fixed_threads():
         logits, _ = model(batch.keys, batch.values)  # (B, S, C)
         loss = F.cross_entropy(logits.transpose(1, 2), batch.target, reduction="none")  # (B, S)
-    return loss.mean(dim=1)  # (B,)
+        return loss.mean(dim=1)  # (B,)
 
 
 def train_many(

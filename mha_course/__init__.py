@@ -11,7 +11,8 @@ The package has three layers, one folder each (``ls`` shows them):
     heads       split_heads(x, num_heads): (B, L, h*d_head) -> (B, h, L, d_head); merge_heads(x)
     multihead   LoopedMultiHeadAttention, MultiHeadAttention (.from_torch, .to_torch, .to_fused)
     masks       causal_mask, sliding_window_mask, padding_mask
-    gqa         repeat_kv, GroupedQueryAttention, KVCache
+    gqa         repeat_kv, GroupedQueryAttention
+    kv_cache    KVCache (growing, or preallocated with max_length), write_kv
     tiled       tiled_attention, online_softmax_update (the FlashAttention idea)
     block       EncoderBlock, Encoder
     accounting  count_attention_params, attention_flops, kv_cache_bytes
@@ -28,9 +29,10 @@ import importlib
 from .accounting import attention_flops, count_attention_params, kv_cache_bytes
 from .attention import scaled_dot_product_attention
 from .configs import MODEL_CONFIGS, ModelConfig
-from .gqa import GroupedQueryAttention, KVCache, repeat_kv
+from .gqa import GroupedQueryAttention, repeat_kv
 from .heads import merge_heads, split_heads
 from .kit.setup import environment_report, setup
+from .kv_cache import KVCache
 from .masks import causal_mask, padding_mask, sliding_window_mask
 from .multihead import LoopedMultiHeadAttention, MultiHeadAttention
 

@@ -31,15 +31,17 @@ def naive_causal_gqa(layer: mc.GroupedQueryAttention, x):
 
 
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(4, 4), (4, 2), (6, 1)])
-@pytest.mark.parametrize("use_cache", [True, False])
+@pytest.mark.parametrize(("use_cache", "preallocate"), [(True, False), (True, True), (False, False)])
 @pytest.mark.parametrize("prompt_len", [1, 4])
-def test_decode_equals_naive_causal_attention(num_heads, num_kv_heads, use_cache, prompt_len):
+def test_decode_equals_naive_causal_attention(num_heads, num_kv_heads, use_cache, preallocate, prompt_len):
     torch.manual_seed(num_heads + num_kv_heads + prompt_len)
     layer = mc.GroupedQueryAttention(num_heads * 4, num_heads, num_kv_heads)
     x = torch.randn(3, 9, num_heads * 4)
-    out, cache = decoding.decode(layer, x, prompt_len=prompt_len, use_cache=use_cache)
+    out, cache = decoding.decode(layer, x, prompt_len=prompt_len, use_cache=use_cache, preallocate=preallocate)
     torch.testing.assert_close(out, naive_causal_gqa(layer, x), atol=1e-5, rtol=1e-4)
     assert (cache is None) == (not use_cache)
+    if use_cache:
+        assert cache.preallocated == preallocate and cache.length == 9
 
 
 def test_decode_cache_holds_every_key_and_value_in_its_kv_heads():
@@ -57,13 +59,14 @@ def test_decode_cache_holds_every_key_and_value_in_its_kv_heads():
 
 
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(4, 4), (4, 1)])
-def test_decode_step_is_the_next_position_of_a_causal_pass_at_every_call(num_heads, num_kv_heads):
+@pytest.mark.parametrize("preallocated", [False, True])
+def test_decode_step_is_the_next_position_of_a_causal_pass_at_every_call(num_heads, num_kv_heads, preallocated):
     torch.manual_seed(1)
     layer = mc.GroupedQueryAttention(16, num_heads, num_kv_heads)
     x = torch.randn(2, 6, 16)
     cache = mc.KVCache()
     layer(x[:, :5], cache=cache, is_causal=True)  # prefill 5 positions
-    step = decoding.decode_step(layer, x[:, 5:], cache)
+    step = decoding.decode_step(layer, x[:, 5:], cache, preallocated=preallocated)
     expected = naive_causal_gqa(layer, x)[:, 5:]  # (B, 1, d_model): position 5 of one causal pass
     for _ in range(2):  # the same result every call: the cache does not grow
         torch.testing.assert_close(step(), expected, atol=1e-5, rtol=1e-4)

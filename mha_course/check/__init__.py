@@ -18,6 +18,7 @@ from .framework import CheckResult
 from .gqa import repeat_kv
 from .head_budget import attention_flops_split
 from .heads import merge_heads, split_heads
+from .kv_cache import write_kv
 from .masks import causal_mask, padding_mask
 from .per_head import multi_head_attention_per_head
 from .pretrained import previous_token_score
@@ -40,6 +41,7 @@ CHECKERS = {
         padding_mask,
         repeat_kv,
         kv_cache_bytes,
+        write_kv,
         ablate_heads,
         previous_token_score,
         online_softmax_update,

@@ -124,3 +124,26 @@ def test_cache_explorer_bars_are_the_llama3_8b_cache_sizes():
     matplotlib.pyplot.close(fig)
     with pytest.raises(ValueError, match="num_kv_heads=3"):
         decoding.draw_cache_explorer(num_kv_heads=3)
+
+
+def test_bytes_written_counts_new_tensors_and_in_place_writes_not_views():
+    x = torch.zeros(4, 8)  # float32: 4 bytes a number
+    assert decoding.bytes_written(lambda: x.view(8, 4).transpose(0, 1)) == 0
+    assert decoding.bytes_written(lambda: x + 1) == 4 * 8 * 4
+    assert decoding.bytes_written(lambda: x[:, :2].copy_(torch.ones(4, 2))) == 4 * 2 * 4 + 4 * 2 * 4  # ones + slice
+    assert decoding.bytes_written(lambda: torch.cat([x, x])) == 2 * 4 * 8 * 4
+
+
+@pytest.mark.parametrize("num_kv_heads", [4, 1])
+def test_a_growing_step_rewrites_the_cache_and_a_preallocated_one_writes_one_position(num_kv_heads):
+    torch.manual_seed(2)
+    layer = mc.GroupedQueryAttention(32, 4, num_kv_heads)
+    cache = mc.KVCache()
+    T, hd = 64, 8
+    cache.update(torch.randn(2, num_kv_heads, T, hd), torch.randn(2, num_kv_heads, T, hd))
+    new = torch.randn(2, 1, 32)
+    growing = decoding.bytes_written(decoding.decode_step(layer, new, cache))
+    pre = decoding.bytes_written(decoding.decode_step(layer, new, cache, preallocated=True))
+    one_position = 2 * 2 * num_kv_heads * hd * 4  # K and V of one token, float32
+    rewrite = (T + 1) * one_position  # torch.cat writes all T + 1 positions
+    assert growing - pre == rewrite - one_position

@@ -176,3 +176,35 @@ def decode_step(layer: GroupedQueryAttention, new, cache: KVCache, *, preallocat
         return layer(new, cache=fresh, need_weights=False)[0]  # (B, 1, d_model)
 
     return step
+
+
+def bytes_written(fn) -> int:
+    """Run ``fn()`` and return how many bytes its PyTorch operations wrote: the outputs of every
+    operation that creates tensors, plus the target of every in-place write (``copy_`` into a
+    slice counts the slice). Views write nothing and count 0. Counted from the operations that
+    ran (aten dispatch), not timed — the same on every machine."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    def nbytes(t) -> int:
+        return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+    total = 0
+
+    class _Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            nonlocal total
+            out = func(*args, **(kwargs or {}))
+            if func.is_view:
+                return out
+            if func._schema.is_mutable:  # in place / out=: the written argument(s)
+                written = [a for a, spec in zip(args, func._schema.arguments, strict=False) if spec.is_write]
+                written += [v for k, v in (kwargs or {}).items() if k == "out"]
+                total += sum(nbytes(t) for t in written)
+            else:
+                outs = out if isinstance(out, (tuple, list)) else (out,)
+                total += sum(nbytes(t) for t in outs)
+            return out
+
+    with _Count():
+        fn()
+    return total

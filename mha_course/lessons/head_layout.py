@@ -153,6 +153,25 @@ def kernels_called(fn: Callable[[], object], *, keep: tuple[str, ...] | None = A
     return [n for n in names if keep is None or n in keep]
 
 
+def cpu_caches() -> str:
+    """This machine's CPU caches as one line, e.g. "L1d 48 KiB, L2 2 MiB, L3 32 MiB (per core or
+    shared, as Linux reports them for CPU 0)", read from /sys; "unknown" where /sys does not say."""
+    from pathlib import Path
+
+    parts = []
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            level, kind, size = ((index / name).read_text().strip() for name in ("level", "type", "size"))
+        except OSError:
+            continue
+        if kind == "Instruction":
+            continue
+        label = f"L{level}" + ("d" if kind == "Data" else "")
+        kib = int(size[:-1]) * (1024 if size.endswith("M") else 1) if size[-1] in "KM" else int(size) // 1024
+        parts.append(f"{label} {kib // 1024} MiB" if kib >= 1024 and kib % 1024 == 0 else f"{label} {kib} KiB")
+    return ", ".join(parts) if parts else "unknown"
+
+
 def median_times(
     fns: dict[str, Callable[[], object]], *, repeats: int = 5, warmup: int = 1, num_threads: int | None = None
 ) -> dict[str, float]:

@@ -34,7 +34,7 @@ from .gqa import GroupedQueryAttention, repeat_kv
 from .heads import merge_heads, split_heads
 from .kit.hint_ladder import hint
 from .kit.predict import predict
-from .kit.setup import environment_report, setup
+from .kit.setup import device, environment_report, setup
 from .kv_cache import KVCache
 from .masks import causal_mask, padding_mask, sliding_window_mask
 from .multihead import LoopedMultiHeadAttention, MultiHeadAttention
@@ -85,4 +85,5 @@ __all__ = [
     "environment_report",
     "hint",
     "predict",
+    "device",
 ]

@@ -17,6 +17,9 @@ Masks
 Grouped-query attention and the KV cache
     repeat_kv(x, n_rep), GroupedQueryAttention(d_model, num_heads, num_kv_heads, *, head_dim=None,
     bias=False), KVCache
+Beyond GQA (notebook 12)
+    MultiHeadLatentAttention (DeepSeek's MLA) + LatentCache, mla_cache_bytes; sink_window_mask,
+    SinkWindowCache (rolling window + attention sinks), PagedKVCache (block table), Int8KVCache
 Accounting
     count_attention_params, attention_flops, kv_cache_bytes, MODEL_CONFIGS (name -> ModelConfig)
 Exercises
@@ -28,10 +31,12 @@ Notebooks
 from . import check, plotting, quiz, widgets  # noqa: E402
 from .accounting import attention_flops, count_attention_params, kv_cache_bytes
 from .attention import scaled_dot_product_attention
+from .cache_schemes import Int8KVCache, PagedKVCache, SinkWindowCache, sink_window_mask
 from .configs import MODEL_CONFIGS, ModelConfig
 from .env import environment_report, setup
 from .gqa import GroupedQueryAttention, KVCache, repeat_kv
 from .heads import merge_heads, split_heads
+from .latent import LatentCache, MultiHeadLatentAttention, mla_cache_bytes
 from .masks import causal_mask, padding_mask, sliding_window_mask
 from .multihead import LoopedMultiHeadAttention, MultiHeadAttention
 
@@ -49,6 +54,13 @@ __all__ = [
     "repeat_kv",
     "GroupedQueryAttention",
     "KVCache",
+    "MultiHeadLatentAttention",
+    "LatentCache",
+    "mla_cache_bytes",
+    "sink_window_mask",
+    "SinkWindowCache",
+    "PagedKVCache",
+    "Int8KVCache",
     "count_attention_params",
     "attention_flops",
     "kv_cache_bytes",

@@ -73,7 +73,9 @@ class SinkWindowCache:
         _validate.tensor("k", k, dims=4)
         _validate.tensor("v", v, dims=4)
         if k.shape[2] != 1 or v.shape[2] != 1:
-            raise ValueError(f"update takes one new position (B, h_kv, 1, d), got k {tuple(k.shape)}, v {tuple(v.shape)}")
+            raise ValueError(
+                f"update takes one new position (B, h_kv, 1, d), got k {tuple(k.shape)}, v {tuple(v.shape)}"
+            )
         if self.keys is None:
             B, h, _, d = k.shape
             slots = self.num_sinks + self.window
@@ -146,8 +148,12 @@ class PagedKVCache:
     def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, *, dtype=torch.float32):
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
             _validate.positive_int(name, value)
-        shape = (num_blocks, _validate.positive_int("num_kv_heads", num_kv_heads), block_size,
-                 _validate.positive_int("head_dim", head_dim))  # fmt: skip
+        shape = (
+            num_blocks,
+            _validate.positive_int("num_kv_heads", num_kv_heads),
+            block_size,
+            _validate.positive_int("head_dim", head_dim),
+        )
         self.block_size = block_size
         self.key_pool = torch.zeros(shape, dtype=dtype)  # (num_blocks, h_kv, block_size, d)
         self.value_pool = torch.zeros(shape, dtype=dtype)

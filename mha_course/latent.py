@@ -89,7 +89,9 @@ class LatentCache:
         _validate.tensor("c_kv", c_kv, dims=3)
         _validate.tensor("k_rope", k_rope, dims=3)
         if c_kv.shape[:2] != k_rope.shape[:2]:
-            raise ValueError(f"c_kv and k_rope must share (B, L_new), got {tuple(c_kv.shape)} and {tuple(k_rope.shape)}")
+            raise ValueError(
+                f"c_kv and k_rope must share (B, L_new), got {tuple(c_kv.shape)} and {tuple(k_rope.shape)}"
+            )
         if self.latents is not None and (
             c_kv.shape[::2] != self.latents.shape[::2] or k_rope.shape[::2] != self.rope_keys.shape[::2]
         ):
@@ -152,7 +154,8 @@ class MultiHeadLatentAttention(nn.Module):
         if qk_rope_head_dim % 2:
             raise ValueError(f"qk_rope_head_dim must be even (RoPE rotates pairs), got {qk_rope_head_dim}")
         self.d_model, self.num_heads, self.kv_lora_rank = d_model, num_heads, kv_lora_rank
-        self.nope, self.rope, self.v_head_dim, self.rope_theta = qk_nope_head_dim, qk_rope_head_dim, v_head_dim, rope_theta
+        self.nope, self.rope = qk_nope_head_dim, qk_rope_head_dim  # widths of a query/key's two parts
+        self.v_head_dim, self.rope_theta = v_head_dim, rope_theta
         h = num_heads
         self.q_proj = nn.Linear(d_model, h * (qk_nope_head_dim + qk_rope_head_dim), bias=False)
         self.kv_a_proj_with_mqa = nn.Linear(d_model, kv_lora_rank + qk_rope_head_dim, bias=False)
@@ -166,7 +169,8 @@ class MultiHeadLatentAttention(nn.Module):
 
     def compress(self, x, start: int = 0):
         """x (B, L, d_model) -> what the cache keeps: c_KV (B, L, r), k_R (B, L, d_R) at positions start.."""
-        c_kv, k_rope = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope], dim=-1)  # (B, L, r), (B, L, d_R)
+        both = self.kv_a_proj_with_mqa(x)  # (B, L, r + d_R)
+        c_kv, k_rope = both.split([self.kv_lora_rank, self.rope], dim=-1)  # (B, L, r), (B, L, d_R)
         positions = torch.arange(start, start + x.shape[1], device=x.device)
         return self.kv_a_layernorm(c_kv), rope_interleaved(k_rope, positions, theta=self.rope_theta)
 

@@ -34,7 +34,9 @@ def test_sink_window_mask_without_sinks_is_the_sliding_window():
     assert torch.equal(sink_window_mask(4, 2, 1, 9), loop_mask(9, 2, 1)[-4:])  # bottom-right aligned
 
 
-@pytest.mark.parametrize("L, window, sinks, h, dv", [(20, 5, 2, 2, 3), (9, 3, 0, 1, 4), (30, 4, 4, 3, 2), (6, 8, 2, 2, 2)])
+@pytest.mark.parametrize(
+    "L, window, sinks, h, dv", [(20, 5, 2, 2, 3), (9, 3, 0, 1, 4), (30, 4, 4, 3, 2), (6, 8, 2, 2, 2)]
+)
 def test_rolling_cache_equals_masked_attention(L, window, sinks, h, dv):
     g = torch.Generator().manual_seed(L)
     q, k = torch.randn(2, h, L, 4, generator=g), torch.randn(2, h, L, 4, generator=g)
@@ -129,3 +131,71 @@ def test_int8_cache_bytes_and_attention_error():
     approx = F.scaled_dot_product_attention(q, kq, vq)
     rel = ((approx - exact).norm() / exact.norm()).item()
     assert 1e-4 < rel < 2e-2  # int8 is not free, but close
+
+
+# --- the notebook's helpers (mha_course.lessons.beyond_gqa) -------------------------------------
+
+from mha_course.lessons import beyond_gqa as lesson  # noqa: E402
+
+
+@pytest.mark.parametrize("layers, window", [(1, 8), (2, 8), (4, 8), (3, 5), (2, 1)])
+def test_receptive_field_is_layers_times_window_minus_one(layers, window):
+    assert lesson.receptive_field(layers, window, 64) == layers * (window - 1)
+
+
+def test_a_real_windowed_stack_reaches_as_far_as_the_masks_say():
+    assert lesson.measured_reach(3, 6, 40) == lesson.receptive_field(3, 6, 40) == 15
+
+
+def test_scheme_cache_bytes_against_the_formulas():
+    llama, lite = mc.MODEL_CONFIGS["Llama 3 8B"], mc.configs.LATENT_MODEL_CONFIGS["DeepSeek-V2-Lite"]
+    assert lesson.scheme_cache_bytes(llama, "GQA", 1000) == mc.kv_cache_bytes(32, 8, 128, 1000)
+    assert lesson.scheme_cache_bytes(llama, "MHA", 1000) == mc.kv_cache_bytes(32, 32, 128, 1000)
+    assert lesson.scheme_cache_bytes(llama, "MQA", 1000) == mc.kv_cache_bytes(32, 1, 128, 1000)
+    assert lesson.scheme_cache_bytes(lite, "MLA", 1000) == lite.kv_cache_bytes(1000) == 27 * 576 * 1000 * 2
+    windowed = [lesson.scheme_cache_bytes(llama, "window + sinks", T, window=4096, num_sinks=4) for T in (8192, 10**5)]
+    assert windowed[0] == windowed[1] == mc.kv_cache_bytes(32, 8, 128, 4100)  # stops growing
+    assert lesson.scheme_cache_bytes(llama, "GQA", 1000, block_size=16) == mc.kv_cache_bytes(32, 8, 128, 1008)
+    with pytest.raises(ValueError, match="scheme"):
+        lesson.scheme_cache_bytes(llama, "MLQ", 10)
+
+
+def test_draw_explorer_titles_the_chosen_cache():
+    import matplotlib.pyplot as plt
+
+    fig = lesson.draw_explorer("DeepSeek-V2-Lite", "MLA", 32768, block_size=1)
+    left, right = fig.axes[:2]
+    assert f"{27 * 576 * 32768 * 2 / 2**30:.3g} GiB" in left.get_title()
+    assert len(left.get_lines()) == len(lesson.SCHEMES) + 1  # one curve per scheme + the context marker
+    plt.close(fig)
+    fig = lesson.draw_explorer("Mistral 7B", "window + sinks", 131072, window=4096, num_sinks=4, block_size=16)
+    assert f"{mc.kv_cache_bytes(32, 8, 128, 4112) / 2**30:.3g} GiB" in fig.axes[0].get_title()
+    image = fig.axes[1].get_images()[0].get_array()
+    assert image.shape == (32, 32) and image[-1].sum() == 1 + 4  # window 4096/131072·32 = 1 key + 4 sinks
+    plt.close(fig)
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        lesson.draw_explorer("Gemma 2 9B", "GQA", 4096, num_kv_heads=32)
+    plt.close("all")
+
+
+def test_draw_patterns_shows_the_three_masks():
+    import matplotlib.pyplot as plt
+
+    fig = lesson.draw_patterns(seq_len=16, window=4, num_sinks=2)
+    counts = [int(ax.get_images()[0].get_array()[-1].sum()) for ax in fig.axes]
+    assert counts == [16, 4, 6]
+    plt.close(fig)
+
+
+def test_tiny_model_training_is_deterministic_and_shares_add_up():
+    a = lesson.train_tiny_lm(seed=3, steps=4, batch_size=8)
+    b = lesson.train_tiny_lm(seed=3, steps=4, batch_size=8)
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        assert torch.equal(p, q)
+    tokens = lesson.sample_sequences(lesson.markov_table(), 20, seed=1)
+    assert bool((tokens[:, 0] == lesson.BOS).all()) and int(tokens[:, 1:].max()) < lesson.VOCAB
+    shares = lesson.attention_shares(a, tokens, window=8, from_position=12)
+    assert bool(((shares["BOS"] + shares["outside the window"]) <= 1 + 1e-12).all())
+    assert float(lesson.attention_shares(a, tokens, window=64, from_position=12)["outside the window"].max()) == 0.0
+    losses = lesson.windowed_losses(a, tokens, window=100, sinks=(0, 2))  # a window longer than the sequence
+    assert len(set(round(v, 12) for v in losses.values())) == 1

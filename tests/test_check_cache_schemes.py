@@ -58,8 +58,12 @@ def test_sink_window_update_names_mistakes():
         keys[:, slot], positions[slot] = k_new, t
         return keys, positions
 
-    for fn, words in [(ring_all, "evicts the sinks"), (from_zero, "overwrite the sinks"),
-                      (no_positions, "positions was not updated"), (newest, "OLDEST")]:  # fmt: skip
+    for fn, words in [
+        (ring_all, "evicts the sinks"),
+        (from_zero, "overwrite the sinks"),
+        (no_positions, "positions was not updated"),
+        (newest, "OLDEST"),
+    ]:
         result = mc.check.sink_window_update(fn)
         assert not result.passed and "likely mistake" in result.message and words in result.message, (fn, result)
 

@@ -19,10 +19,18 @@ SHAPES = [  # d_model, heads, kv_lora_rank, nope, rope, v
 def pair(d, h, r, nope, rope, v, seed=0):
     torch.manual_seed(seed)
     cfg = DeepseekV2Config(
-        hidden_size=d, num_attention_heads=h, num_key_value_heads=h, kv_lora_rank=r, q_lora_rank=None,
-        qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=v, num_hidden_layers=1, vocab_size=8,
+        hidden_size=d,
+        num_attention_heads=h,
+        num_key_value_heads=h,
+        kv_lora_rank=r,
+        q_lora_rank=None,
+        qk_nope_head_dim=nope,
+        qk_rope_head_dim=rope,
+        v_head_dim=v,
+        num_hidden_layers=1,
+        vocab_size=8,
         max_position_embeddings=64,
-    )  # fmt: skip
+    )
     cfg._attn_implementation = "eager"
     hf = DeepseekV2Attention(cfg, 0)
     for p in hf.parameters():
@@ -78,8 +86,10 @@ def test_cached_decoding_equals_one_causal_pass(absorb):
 
 def test_cache_bytes_measured_equal_formula():
     d, h, r, nope, rope, v = 64, 4, 16, 8, 4, 6
-    layers = [MultiHeadLatentAttention(d, h, kv_lora_rank=r, qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=v)
-              for _ in range(3)]  # fmt: skip
+    layers = [
+        MultiHeadLatentAttention(d, h, kv_lora_rank=r, qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=v)
+        for _ in range(3)
+    ]
     caches = [LatentCache() for _ in layers]
     x = torch.randn(2, 7, d)
     with torch.no_grad():
@@ -99,18 +109,28 @@ def test_rope_interleaved_equals_complex_rotation():
     x = torch.randn(3, 5, 8, dtype=torch.float64)
     pos = torch.arange(5)
     inv = 10000.0 ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8)
-    z = torch.view_as_complex(x.reshape(3, 5, 4, 2).contiguous()) * torch.polar(torch.ones(5, 4, dtype=torch.float64), pos[:, None] * inv)
+    z = torch.view_as_complex(x.reshape(3, 5, 4, 2).contiguous()) * torch.polar(
+        torch.ones(5, 4, dtype=torch.float64), pos[:, None] * inv
+    )
     torch.testing.assert_close(rope_interleaved(x, pos), torch.view_as_real(z).reshape(3, 5, 8))
     # a rotation: norms of pairs are kept, and scores depend only on the relative position
     q, k = torch.randn(8, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
-    s = [rope_interleaved(q[None], torch.tensor([a]))[0] @ rope_interleaved(k[None], torch.tensor([b]))[0]
-         for a, b in ((3, 1), (10, 8))]  # fmt: skip
+    s = [
+        rope_interleaved(q[None], torch.tensor([a]))[0] @ rope_interleaved(k[None], torch.tensor([b]))[0]
+        for a, b in ((3, 1), (10, 8))
+    ]
     torch.testing.assert_close(s[0], s[1])
 
 
 def test_configs_mla_cache_bytes_match_formula():
     lite = mc.configs.LATENT_MODEL_CONFIGS["DeepSeek-V2-Lite"]
-    assert (lite.num_layers, lite.d_model, lite.num_heads, lite.kv_lora_rank, lite.qk_rope_head_dim) == (27, 2048, 16, 512, 64)
+    assert (lite.num_layers, lite.d_model, lite.num_heads, lite.kv_lora_rank, lite.qk_rope_head_dim) == (
+        27,
+        2048,
+        16,
+        512,
+        64,
+    )
     assert lite.kv_cache_bytes(1000) == 27 * 576 * 1000 * 2
     gqa = mc.MODEL_CONFIGS["Llama 3 8B"]
     assert gqa.kv_cache_bytes(10) == mc.kv_cache_bytes(32, 8, 128, 10)

@@ -72,9 +72,7 @@ def sink_window_update(fn) -> CheckResult:
         (7, 3, 0, "no sinks"),
         (10, 2, 3, "window 2, three sinks"),
     ]
-    cases = [
-        Case((*_state(t, w, s, seed=i), t, w, s), description=text) for i, (t, w, s, text) in enumerate(specs)
-    ]
+    cases = [Case((*_state(t, w, s, seed=i), t, w, s), description=text) for i, (t, w, s, text) in enumerate(specs)]
 
     def canon(update):
         return lambda *args: _canonical(update(*args))
@@ -171,7 +169,8 @@ def gather_blocks(fn) -> CheckResult:
         Mistake(
             "not trimmed",
             untrimmed,
-            "returned every slot of the blocks: the last block is only partly filled — keep the first `length` positions",
+            "returned every slot of the blocks: the last block is only partly filled — "
+            "keep the first `length` positions",
         ),
         Mistake(
             "positions first",
@@ -216,12 +215,24 @@ def mla_cache_bytes(fn) -> CheckResult:
     the bytes of a multi-head latent attention cache for all layers, tokens and sequences."""
     cases = [
         Case((27, 512, 64, 4096), description="DeepSeek-V2-Lite, 4k tokens, bf16", info={"heads": 16, "head_dim": 128}),
-        Case((60, 512, 64, 32768), {"batch": 2}, description="DeepSeek-V2, 32k tokens, batch 2",
-             info={"heads": 128, "head_dim": 128}),  # fmt: skip
-        Case((61, 512, 64, 1000), {"batch": 1, "bytes_per_element": 1}, description="DeepSeek-V3, fp8",
-             info={"heads": 128, "head_dim": 128}),  # fmt: skip
-        Case((4, 32, 8, 10), {"batch": 3, "bytes_per_element": 4}, description="toy, fp32",
-             info={"heads": 4, "head_dim": 16}),  # fmt: skip
+        Case(
+            (60, 512, 64, 32768),
+            {"batch": 2},
+            description="DeepSeek-V2, 32k tokens, batch 2",
+            info={"heads": 128, "head_dim": 128},
+        ),
+        Case(
+            (61, 512, 64, 1000),
+            {"batch": 1, "bytes_per_element": 1},
+            description="DeepSeek-V3, fp8",
+            info={"heads": 128, "head_dim": 128},
+        ),
+        Case(
+            (4, 32, 8, 10),
+            {"batch": 3, "bytes_per_element": 4},
+            description="toy, fp32",
+            info={"heads": 4, "head_dim": 16},
+        ),
     ]
     mistakes = [
         Mistake(

@@ -166,8 +166,7 @@ def attention_shares(model: TinyLM, tokens, *, window: int, from_position: int) 
     positions 1 .. t − window} — each (layers, heads), averaged over queries and sequences."""
     weights = []
     hooks = [
-        layer.self_attn.register_forward_hook(lambda m, i, o: weights.append(o[1]))
-        for layer in model.stack.layers
+        layer.self_attn.register_forward_hook(lambda m, i, o: weights.append(o[1])) for layer in model.stack.layers
     ]
     try:
         with fixed_threads():
@@ -226,8 +225,12 @@ def draw_explorer(
         raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
     if cfg.num_heads % num_kv_heads:
         raise ValueError(f"num_kv_heads={num_kv_heads} must divide {model}'s {cfg.num_heads} query heads")
-    for name, value in (("context_len", context_len), ("kv_lora_rank", kv_lora_rank), ("window", window),
-                        ("block_size", block_size)):  # fmt: skip
+    for name, value in (
+        ("context_len", context_len),
+        ("kv_lora_rank", kv_lora_rank),
+        ("window", window),
+        ("block_size", block_size),
+    ):
         _validate.positive_int(name, value)
     _validate.positive_int("num_sinks", num_sinks, allow_zero=True)
     knobs = dict(num_kv_heads=num_kv_heads, kv_lora_rank=kv_lora_rank, window=window, num_sinks=num_sinks)
@@ -236,14 +239,25 @@ def draw_explorer(
     for s in SCHEMES:
         gib = [scheme_cache_bytes(cfg, s, T, **knobs) / GIB for T in contexts]
         chosen = s == scheme
-        left.plot(contexts, gib, "o-" if chosen else ".-", lw=2.5 if chosen else 1, alpha=1 if chosen else 0.6,
-                  label=s if s != "GQA" else f"GQA ({num_kv_heads} K/V heads)")  # fmt: skip
+        left.plot(
+            contexts,
+            gib,
+            "o-" if chosen else ".-",
+            lw=2.5 if chosen else 1,
+            alpha=1 if chosen else 0.6,
+            label=s if s != "GQA" else f"GQA ({num_kv_heads} K/V heads)",
+        )
     total = scheme_cache_bytes(cfg, scheme, context_len, block_size=block_size, **knobs)
     exact = scheme_cache_bytes(cfg, scheme, context_len, **knobs)
     left.axvline(context_len, color="gray", ls="--")
-    left.set(xscale="log", yscale="log", xlabel="context length (tokens)", ylabel="cache of one sequence (GiB, bf16)",
-             title=f"{scheme}: {total / GIB:.3g} GiB at {context_len:,} tokens "
-                   f"({(total - exact) / KIB:.0f} KiB in partly filled blocks of {block_size})")  # fmt: skip
+    left.set(
+        xscale="log",
+        yscale="log",
+        xlabel="context length (tokens)",
+        ylabel="cache of one sequence (GiB, bf16)",
+        title=f"{scheme}: {total / GIB:.3g} GiB at {context_len:,} tokens "
+        f"({(total - exact) / KIB:.0f} KiB in partly filled blocks of {block_size})",
+    )
     left.legend(fontsize=8)
     toy = 32
     toy_window = max(1, round(toy * window / context_len))
@@ -283,7 +297,9 @@ def transformers_mla(layer):
 
     def run(x):
         L = x.shape[1]
-        blocked = torch.zeros(1, 1, L, L, dtype=x.dtype).masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), -torch.inf)
+        blocked = torch.zeros(1, 1, L, L, dtype=x.dtype).masked_fill(
+            ~torch.ones(L, L, dtype=torch.bool).tril(), -torch.inf
+        )
         out, _ = reference(x, attention_mask=blocked, position_embeddings=rotary(x, torch.arange(L)[None]))
         return out
 

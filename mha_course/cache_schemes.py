@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _validate
+from . import validation
 from .attention import scaled_dot_product_attention
 from .masks import causal_mask, sliding_window_mask
 
@@ -38,7 +38,7 @@ __all__ = [
 def sink_window_mask(q_len: int, window: int, num_sinks: int = 0, k_len: int | None = None, *, device=None):
     """bool (q_len, k_len): the causal sliding window of ``window`` keys (:func:`mc.sliding_window_mask`)
     plus the first ``num_sinks`` positions, which every query that has reached them may see."""
-    _validate.positive_int("num_sinks", num_sinks, allow_zero=True)
+    validation.positive_int("num_sinks", num_sinks, allow_zero=True)
     window_part = sliding_window_mask(q_len, window, k_len, device=device)  # (q_len, k_len)
     sinks = causal_mask(q_len, k_len, device=device)  # (q_len, k_len)
     sinks[:, num_sinks:] = False
@@ -56,8 +56,8 @@ class SinkWindowCache:
     """
 
     def __init__(self, window: int, num_sinks: int = 0):
-        self.window = _validate.positive_int("window", window)
-        self.num_sinks = _validate.positive_int("num_sinks", num_sinks, allow_zero=True)
+        self.window = validation.positive_int("window", window)
+        self.num_sinks = validation.positive_int("num_sinks", num_sinks, allow_zero=True)
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
         self.positions = torch.full((num_sinks + window,), -1, dtype=torch.long)
@@ -70,8 +70,8 @@ class SinkWindowCache:
         return self.num_sinks + (t - self.num_sinks) % self.window
 
     def update(self, k, v):
-        _validate.tensor("k", k, dims=4)
-        _validate.tensor("v", v, dims=4)
+        validation.tensor("k", k, dims=4)
+        validation.tensor("v", v, dims=4)
         if k.shape[2] != 1 or v.shape[2] != 1:
             raise ValueError(
                 f"update takes one new position (B, h_kv, 1, d), got k {tuple(k.shape)}, v {tuple(v.shape)}"
@@ -147,12 +147,12 @@ class PagedKVCache:
 
     def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, *, dtype=torch.float32):
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
-            _validate.positive_int(name, value)
+            validation.positive_int(name, value)
         shape = (
             num_blocks,
-            _validate.positive_int("num_kv_heads", num_kv_heads),
+            validation.positive_int("num_kv_heads", num_kv_heads),
             block_size,
-            _validate.positive_int("head_dim", head_dim),
+            validation.positive_int("head_dim", head_dim),
         )
         self.block_size = block_size
         self.key_pool = torch.zeros(shape, dtype=dtype)  # (num_blocks, h_kv, block_size, d)
@@ -162,8 +162,8 @@ class PagedKVCache:
         self.lengths: dict = {}
 
     def append(self, seq, k, v) -> None:
-        _validate.tensor("k", k, dims=3)
-        _validate.tensor("v", v, dims=3)
+        validation.tensor("k", k, dims=3)
+        validation.tensor("v", v, dims=3)
         if k.shape != v.shape or k.shape[0] != self.key_pool.shape[1] or k.shape[2] != self.key_pool.shape[3]:
             raise ValueError(
                 f"k and v must both be (h_kv, L_new, d) = ({self.key_pool.shape[1]}, L_new, {self.key_pool.shape[3]}), "
@@ -212,7 +212,7 @@ def quantize_int8(x, dim: int = -1):
     x ≈ q · scale, scale = max|x| / 127 over ``dim``. ``dim=-1`` on (B, h, L, d) K/V: one scale
     per (token, head) — "per token"; ``dim=-2``: one per (head, channel) over the tokens — "per channel".
     """
-    _validate.tensor("x", x, floating=True)
+    validation.tensor("x", x, floating=True)
     scale = x.abs().amax(dim=dim, keepdim=True).clamp(min=torch.finfo(x.dtype).tiny) / 127
     q = torch.round(x / scale).clamp(-127, 127).to(torch.int8)
     return q, scale
@@ -235,7 +235,7 @@ class Int8KVCache:
 
     def update(self, k, v):
         for name, x in (("k", k), ("v", v)):
-            _validate.tensor(name, x, dims=4, floating=True)
+            validation.tensor(name, x, dims=4, floating=True)
             q, scale = quantize_int8(x, dim=-1)  # (B, h_kv, L_new, d) int8, (B, h_kv, L_new, 1)
             self.parts[name].append(q)
             self.parts[name + "_scale"].append(scale)

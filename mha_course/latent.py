@@ -30,7 +30,7 @@ import math
 import torch
 from torch import nn
 
-from . import _validate
+from . import validation
 from .attention import scaled_dot_product_attention
 from .heads import merge_heads
 from .masks import causal_mask
@@ -70,7 +70,7 @@ def mla_cache_bytes(num_layers, kv_lora_rank, qk_rope_head_dim, seq_len, *, batc
         ("batch", batch),
         ("bytes_per_element", bytes_per_element),
     ):
-        _validate.positive_int(name, value, allow_zero=name in ("seq_len", "qk_rope_head_dim"))
+        validation.positive_int(name, value, allow_zero=name in ("seq_len", "qk_rope_head_dim"))
     return num_layers * (kv_lora_rank + qk_rope_head_dim) * seq_len * batch * bytes_per_element
 
 
@@ -86,8 +86,8 @@ class LatentCache:
         self.rope_keys: torch.Tensor | None = None
 
     def update(self, c_kv, k_rope):
-        _validate.tensor("c_kv", c_kv, dims=3)
-        _validate.tensor("k_rope", k_rope, dims=3)
+        validation.tensor("c_kv", c_kv, dims=3)
+        validation.tensor("k_rope", k_rope, dims=3)
         if c_kv.shape[:2] != k_rope.shape[:2]:
             raise ValueError(
                 f"c_kv and k_rope must share (B, L_new), got {tuple(c_kv.shape)} and {tuple(k_rope.shape)}"
@@ -150,7 +150,7 @@ class MultiHeadLatentAttention(nn.Module):
             ("qk_rope_head_dim", qk_rope_head_dim),
             ("v_head_dim", v_head_dim),
         ):
-            _validate.positive_int(name, value)
+            validation.positive_int(name, value)
         if qk_rope_head_dim % 2:
             raise ValueError(f"qk_rope_head_dim must be even (RoPE rotates pairs), got {qk_rope_head_dim}")
         self.d_model, self.num_heads, self.kv_lora_rank = d_model, num_heads, kv_lora_rank
@@ -215,8 +215,8 @@ class MultiHeadLatentAttention(nn.Module):
         return torch.einsum("bhlr,dhr->bld", ctx, w_ouv), weights  # (B, Lq, d_model)
 
     def forward(self, x, *, cache: LatentCache | None = None, absorb: bool = False):
-        _validate.tensor("x", x, dims=3, floating=True)
-        _validate.same_dtype("x", x, self.q_proj.weight)
+        validation.tensor("x", x, dims=3, floating=True)
+        validation.same_dtype("x", x, self.q_proj.weight)
         if x.shape[-1] != self.d_model:
             raise ValueError(f"x must have last dim d_model={self.d_model}, got shape {tuple(x.shape)}")
         if cache is not None and not isinstance(cache, LatentCache):

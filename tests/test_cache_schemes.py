@@ -195,7 +195,7 @@ def test_tiny_model_training_is_deterministic_and_shares_add_up():
     tokens = lesson.sample_sequences(lesson.markov_table(), 20, seed=1)
     assert bool((tokens[:, 0] == lesson.BOS).all()) and int(tokens[:, 1:].max()) < lesson.VOCAB
     shares = lesson.attention_shares(a, tokens, window=8, from_position=12)
-    assert bool(((shares["BOS"] + shares["outside the window"]) <= 1 + 1e-12).all())
-    assert float(lesson.attention_shares(a, tokens, window=64, from_position=12)["outside the window"].max()) == 0.0
+    assert bool(((shares["the BOS token"] + shares["keys beyond the window"]) <= 1 + 1e-12).all())
+    assert float(lesson.attention_shares(a, tokens, window=64, from_position=12)["keys beyond the window"].max()) == 0.0
     losses = lesson.windowed_losses(a, tokens, window=100, sinks=(0, 2))  # a window longer than the sequence
     assert len(set(round(v, 12) for v in losses.values())) == 1

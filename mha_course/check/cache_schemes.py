@@ -7,7 +7,7 @@ import torch
 
 from .. import cache_schemes as _cs
 from .. import latent as _latent
-from ._core import Case, CheckResult, Mistake, run_check, tensor_generator
+from .framework import Case, CheckResult, Mistake, run_check, tensor_generator
 
 __all__ = ["sink_window_update", "gather_blocks", "mla_cache_bytes"]
 
@@ -59,6 +59,46 @@ def _state(t, window, num_sinks, h=2, d=3, seed=0):
     return keys, positions, torch.randn(h, d, generator=g)
 
 
+def _canon(update):
+    return lambda *args: _canonical(update(*args))
+
+
+def _newest_slot(t, positions, window, num_sinks):
+    if t < num_sinks + window:
+        return _reference_slot(t, positions, window, num_sinks)
+    return num_sinks + int(positions[num_sinks:].argmax())  # the most recent token, not the oldest
+
+
+def _positions_not_recorded(keys, positions, k_new, t, window, num_sinks):
+    keys[:, _reference_slot(t, positions, window, num_sinks)] = k_new
+    return keys, positions
+
+
+_WINDOW_MISTAKES = [
+    Mistake(
+        "ring over all slots",
+        _canon(_update_at(lambda t, p, w, s: t % (s + w))),
+        "a ring over all num_sinks + window slots evicts the sinks once the buffer is full: the first "
+        "num_sinks positions must stay; only the window slots rotate",
+    ),
+    Mistake(
+        "window slots from 0",
+        _canon(_update_at(lambda t, p, w, s: t if t < s else (t - s) % w)),
+        "the window's slots start at 0 and overwrite the sinks: they are the slots after the num_sinks sink slots",
+    ),
+    Mistake(
+        "evicts the newest",
+        _canon(_update_at(_newest_slot)),
+        "the new token replaced the most recent one: it must replace the OLDEST token of the window",
+    ),
+    Mistake(
+        "positions not recorded",
+        _canon(_positions_not_recorded),
+        "the key was written but positions was not updated: record t in the slot's entry of positions",
+    ),
+]
+
+
 def sink_window_update(fn) -> CheckResult:
     """Check ``fn(keys, positions, k_new, t, window, num_sinks) -> (keys, positions)``: write the key
     k_new (h, d) of position t into a cache of num_sinks + window slots — keys (h, slots, d),
@@ -73,49 +113,12 @@ def sink_window_update(fn) -> CheckResult:
         (10, 2, 3, "window 2, three sinks"),
     ]
     cases = [Case((*_state(t, w, s, seed=i), t, w, s), description=text) for i, (t, w, s, text) in enumerate(specs)]
-
-    def canon(update):
-        return lambda *args: _canonical(update(*args))
-
-    def newest_slot(t, positions, window, num_sinks):
-        if t < num_sinks + window:
-            return _reference_slot(t, positions, window, num_sinks)
-        window_slots = positions[num_sinks:]
-        return num_sinks + int(window_slots.argmax())  # the most recent token, not the oldest
-
-    def positions_not_recorded(keys, positions, k_new, t, window, num_sinks):
-        keys[:, _reference_slot(t, positions, window, num_sinks)] = k_new
-        return keys, positions
-
-    mistakes = [
-        Mistake(
-            "ring over all slots",
-            canon(_update_at(lambda t, p, w, s: t % (s + w))),
-            "a ring over all num_sinks + window slots evicts the sinks once the buffer is full: the first "
-            "num_sinks positions must stay; only the window slots rotate",
-        ),
-        Mistake(
-            "window slots from 0",
-            canon(_update_at(lambda t, p, w, s: t if t < s else (t - s) % w)),
-            "the window's slots start at 0 and overwrite the sinks: they are the slots after the num_sinks sink slots",
-        ),
-        Mistake(
-            "evicts the newest",
-            canon(_update_at(newest_slot)),
-            "the new token replaced the most recent one: it must replace the OLDEST token of the window",
-        ),
-        Mistake(
-            "positions not recorded",
-            canon(positions_not_recorded),
-            "the key was written but positions was not updated: record t in the slot's entry of positions",
-        ),
-    ]
     return run_check(
         "sink_window_update",
-        canon(fn),
+        _canon(fn) if callable(fn) else fn,
         cases,
-        canon(_reference_update),
-        mistakes,
+        _canon(_reference_update),
+        _WINDOW_MISTAKES,
         arg_names=("keys", "positions", "k_new", "t", "window", "num_sinks"),
         output_names=("kept positions", "their keys"),
     )

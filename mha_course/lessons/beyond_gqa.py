@@ -15,11 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import _validate
+from .. import validation
 from ..block import Encoder
 from ..cache_schemes import sink_window_mask
 from ..configs import LATENT_MODEL_CONFIGS, MODEL_CONFIGS, ModelConfig
-from ..training import fixed_threads
+from .tiny_training import fixed_threads
 
 GIB, KIB = 2**30, 2**10
 SCHEMES = ("MHA", "GQA", "MQA", "MLA", "window + sinks")
@@ -162,7 +162,7 @@ def windowed_losses(model: TinyLM, tokens, *, window: int, sinks=(0, 1, 4)) -> d
 @torch.no_grad()
 def attention_shares(model: TinyLM, tokens, *, window: int, from_position: int) -> dict[str, torch.Tensor]:
     """Where the queries at positions ≥ ``from_position`` put their attention under full causal
-    attention, per layer and head: {"BOS": share on position 0, "outside the window": share on
+    attention, per layer and head: {"the BOS token": share on position 0, "keys beyond the window": share on
     positions 1 .. t − window} — each (layers, heads), averaged over queries and sequences."""
     weights = []
     hooks = [
@@ -179,8 +179,8 @@ def attention_shares(model: TinyLM, tokens, *, window: int, from_position: int) 
     queries = torch.arange(from_position, L)[:, None]  # (queries, 1)
     old = (torch.arange(L) > 0) & (torch.arange(L) <= queries - window)  # (queries, keys)
     return {
-        "BOS": w[..., 0].mean(dim=(1, 3)),  # (layers, h)
-        "outside the window": (w * old).sum(-1).mean(dim=(1, 3)),
+        "the BOS token": w[..., 0].mean(dim=(1, 3)),  # (layers, h)
+        "keys beyond the window": (w * old).sum(-1).mean(dim=(1, 3)),
     }
 
 
@@ -231,8 +231,8 @@ def draw_explorer(
         ("window", window),
         ("block_size", block_size),
     ):
-        _validate.positive_int(name, value)
-    _validate.positive_int("num_sinks", num_sinks, allow_zero=True)
+        validation.positive_int(name, value)
+    validation.positive_int("num_sinks", num_sinks, allow_zero=True)
     knobs = dict(num_kv_heads=num_kv_heads, kv_lora_rank=kv_lora_rank, window=window, num_sinks=num_sinks)
     contexts = [2**k for k in range(10, 18)]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12.5, 4), gridspec_kw={"width_ratios": [1.7, 1]})

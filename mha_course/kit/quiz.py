@@ -1,6 +1,6 @@
 """Self-check quizzes: multiple-choice questions with an explanation for every option.
 
-The questions of notebook NN live in ``mha_course/quizzes/NN.json``::
+The questions of notebook NN live in ``mha_course/kit/quizzes/NN.json``::
 
     {"notebook": "01_single_head_attention",
      "questions": [{"question": "...", "section": "<a heading of the notebook>",
@@ -22,9 +22,9 @@ def load(notebook: str) -> dict:
     """The quiz of notebook ``notebook`` ("01" or "01_single_head_attention"), validated."""
     key = notebook.split("_")[0]
     try:
-        text = resources.files("mha_course.quizzes").joinpath(f"{key}.json").read_text(encoding="utf-8")
+        text = resources.files("mha_course.kit.quizzes").joinpath(f"{key}.json").read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ValueError(f"no quiz for notebook {notebook!r} (looked for mha_course/quizzes/{key}.json)") from None
+        raise ValueError(f"no quiz for notebook {notebook!r} (looked for mha_course/kit/quizzes/{key}.json)") from None
     quiz = json.loads(text)
     problems = validate(quiz)
     if problems:

@@ -35,10 +35,10 @@ from .attention import scaled_dot_product_attention
 from .heads import merge_heads
 from .masks import causal_mask
 
-__all__ = ["MultiHeadLatentAttention", "LatentCache", "mla_cache_bytes", "rope_interleaved"]
+__all__ = ["MultiHeadLatentAttention", "LatentCache", "mla_cache_bytes"]
 
 
-def rope_interleaved(x, positions, *, theta: float = 10000.0):
+def _rope_interleaved(x, positions, *, theta: float = 10000.0):
     """Rotate interleaved pairs of ``x`` (..., L, d) by ``positions`` (L,) · θ^(−2i/d).
 
     Pair i is (x[..., 2i], x[..., 2i+1]); d must be even. Equivalent to multiplying the complex
@@ -172,7 +172,7 @@ class MultiHeadLatentAttention(nn.Module):
         both = self.kv_a_proj_with_mqa(x)  # (B, L, r + d_R)
         c_kv, k_rope = both.split([self.kv_lora_rank, self.rope], dim=-1)  # (B, L, r), (B, L, d_R)
         positions = torch.arange(start, start + x.shape[1], device=x.device)
-        return self.kv_a_layernorm(c_kv), rope_interleaved(k_rope, positions, theta=self.rope_theta)
+        return self.kv_a_layernorm(c_kv), _rope_interleaved(k_rope, positions, theta=self.rope_theta)
 
     def queries(self, x, start: int = 0):
         """x (B, L, d_model) -> q_nope (B, h, L, d_nope), q_rope (B, h, L, d_R) (rotated)."""
@@ -180,7 +180,7 @@ class MultiHeadLatentAttention(nn.Module):
         q = self.q_proj(x).view(B, L, self.num_heads, self.nope + self.rope).transpose(1, 2)  # (B, h, L, d_qk)
         q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
         positions = torch.arange(start, start + L, device=x.device)
-        return q_nope, rope_interleaved(q_rope, positions, theta=self.rope_theta)
+        return q_nope, _rope_interleaved(q_rope, positions, theta=self.rope_theta)
 
     def up_weights(self):
         """W_UK (h, d_nope, r) and W_UV (h, d_v, r): the two halves of kv_b_proj, per head."""

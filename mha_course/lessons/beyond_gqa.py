@@ -309,15 +309,26 @@ def transformers_mla(layer):
 @torch.no_grad()
 def measured_reach(num_layers: int, window: int, seq_len: int = 64, *, seed: int = 0) -> int:
     """How far back a real stack of ``num_layers`` random windowed layers (``mc.block.Encoder``,
-    float64) lets the last output depend: perturb each input position in turn (one batch) and
-    return (seq_len − 1) − the earliest position whose perturbation moves the last output."""
+    float64) lets the last output depend: move each input position in turn (one batch, by a random
+    vector — a constant shift would vanish in LayerNorm) and return (seq_len − 1) − the earliest
+    position whose move changes the last output by more than rounding (1e-9)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         stack = Encoder(num_layers, 16, 2, 32, causal=True, norm_first=True).double().eval()
         x = torch.randn(1, seq_len, 16, dtype=torch.float64)  # (1, L, d)
+        direction = torch.randn(16, dtype=torch.float64)
     perturbed = x.repeat(seq_len, 1, 1)  # (L, L, d): copy j has position j moved
-    perturbed[torch.arange(seq_len), torch.arange(seq_len)] += 1.0
+    perturbed[torch.arange(seq_len), torch.arange(seq_len)] += direction
     mask = sink_window_mask(seq_len, window)
     last = stack(perturbed, mask=mask)[:, -1]  # (L, d): the last output of every copy
-    moved = (last - stack(x, mask=mask)[:, -1]).abs().amax(dim=-1) > 0  # (L,)
+    moved = (last - stack(x, mask=mask)[:, -1]).abs().amax(dim=-1) > 1e-9  # (L,)
     return seq_len - 1 - int(torch.nonzero(moved)[0])
+
+
+def share_in_words(share: float) -> str:
+    """A recovered share in coarse words ("less than 10%", "between 10% and 50%", "more than half"):
+    a tiny model's training amplifies the last-bit differences between CPUs, so only coarse
+    statements about it hold on every machine."""
+    if share < 0.1:
+        return "less than 10%"
+    return "between 10% and 50%" if share < 0.5 else "more than half"

@@ -170,3 +170,38 @@ def test_mla_cache_bytes_names_per_head_mistakes():
         return (kv_lora_rank + qk_rope_head_dim) * seq_len * batch * bytes_per_element
 
     assert "layers ignored" in mc.check.mla_cache_bytes(no_layers).message
+
+
+# --- every checker of this module: reports instead of raising, deterministic, RNG untouched -----
+
+GOOD = {"sink_window_update": ring_update, "gather_blocks": gather_index, "mla_cache_bytes": mla_formula}
+
+
+def _raises_value_error(*args, **kwargs):
+    raise ValueError("boom")
+
+
+def _todo(*args, **kwargs):
+    raise NotImplementedError
+
+
+@pytest.mark.parametrize("name", list(GOOD))
+def test_checker_reports_instead_of_raising(name):
+    check = getattr(mc.check, name)
+    assert check(_todo).status == "not attempted"
+    assert "raised ValueError" in check(_raises_value_error).message
+    for wrong in (lambda *a, **k: None, lambda *a, **k: [1, 2, 3], lambda *a, **k: "text", lambda: 0):
+        result = check(wrong)
+        assert not result.passed and result.status == "failed", (name, result)
+    assert "expected your function" in check(None).message
+
+
+@pytest.mark.parametrize("name", list(GOOD))
+def test_checker_is_deterministic_and_leaves_the_rng_alone(name):
+    check = getattr(mc.check, name)
+    torch.manual_seed(0)
+    before = torch.random.get_rng_state()
+    good, bad = check(GOOD[name]), check(lambda *a, **k: torch.ones(3))
+    assert good.passed and not bad.passed
+    assert torch.equal(before, torch.random.get_rng_state())
+    assert repr(good) == repr(check(GOOD[name])) and repr(bad) == repr(check(lambda *a, **k: torch.ones(3)))

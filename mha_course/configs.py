@@ -194,7 +194,8 @@ LATENT_MODEL_CONFIGS: dict[str, ModelConfig] = {
             128,
             128,
             False,
-            _DSV2 + " (60 layers, hidden 5120, 128 heads of 128, d_c 512, d_h^R 64)",
+            _DSV2 + " (60 layers, hidden 5120, 128 heads of 128, d_c 512, d_h^R 64); deepseek-ai/DeepSeek-V2 "
+            "config.json",
             kv_lora_rank=512,
             qk_rope_head_dim=64,
         ),
@@ -207,7 +208,7 @@ LATENT_MODEL_CONFIGS: dict[str, ModelConfig] = {
             128,
             False,
             "DeepSeek-AI 2024, 'DeepSeek-V3 Technical Report', arXiv:2412.19437, §4.2 (61 layers, hidden 7168, "
-            "128 heads of 128, d_c 512, d_h^R 64)",
+            "128 heads of 128, d_c 512, d_h^R 64); deepseek-ai/DeepSeek-V3 config.json",
             kv_lora_rank=512,
             qk_rope_head_dim=64,
         ),

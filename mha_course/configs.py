@@ -25,6 +25,8 @@ class ModelConfig:
     attention_bias: bool | str
     source: str
     attention_modules: int | None = None
+    kv_lora_rank: int | None = None  # multi-head latent attention (MLA): latent cached per token
+    qk_rope_head_dim: int | None = None  # MLA: width of the decoupled RoPE key shared by all heads
 
     @property
     def n_attention_modules(self) -> int:
@@ -33,6 +35,8 @@ class ModelConfig:
     @property
     def params_per_layer(self) -> int:
         """Parameters of one attention layer (see :func:`count_attention_params`)."""
+        if self.kv_lora_rank is not None:
+            raise ValueError(f"{self.name} uses latent attention: count_attention_params does not apply")
         return count_attention_params(
             self.d_model, self.num_heads, self.num_kv_heads, head_dim=self.head_dim, bias=self.attention_bias
         )
@@ -43,7 +47,19 @@ class ModelConfig:
         return self.params_per_layer * self.n_attention_modules
 
     def kv_cache_bytes(self, seq_len: int, *, batch: int = 1, bytes_per_element: int = 2) -> int:
-        """KV-cache bytes for ``seq_len`` tokens (decoder self-attention layers)."""
+        """KV-cache bytes for ``seq_len`` tokens (decoder self-attention layers); for MLA the
+        latent and the RoPE key (:func:`mha_course.latent.mla_cache_bytes`)."""
+        if self.kv_lora_rank is not None:
+            from .latent import mla_cache_bytes
+
+            return mla_cache_bytes(
+                self.num_layers,
+                self.kv_lora_rank,
+                self.qk_rope_head_dim,
+                seq_len,
+                batch=batch,
+                bytes_per_element=bytes_per_element,
+            )
         return kv_cache_bytes(
             self.num_layers, self.num_kv_heads, self.head_dim, seq_len, batch=batch, bytes_per_element=bytes_per_element
         )
@@ -143,6 +159,58 @@ MODEL_CONFIGS: dict[str, ModelConfig] = {
             256,
             False,
             "Gemma Team 2024, 'Gemma 2', Table 1; google/gemma-2-9b config.json (head_dim 256)",
+        ),
+    ]
+}
+
+
+_DSV2 = "DeepSeek-AI 2024, 'DeepSeek-V2', arXiv:2405.04434, §2.1 and §3.1.2"
+
+#: Models with multi-head latent attention (MLA). num_kv_heads = num_heads and head_dim =
+#: qk_nope_head_dim = v_head_dim as in their config.json; the cache holds kv_lora_rank +
+#: qk_rope_head_dim numbers per token and layer. Kept apart from MODEL_CONFIGS, whose
+#: parameter counts assume separate W_K and W_V.
+LATENT_MODEL_CONFIGS: dict[str, ModelConfig] = {
+    c.name: c
+    for c in [
+        ModelConfig(
+            "DeepSeek-V2-Lite",
+            27,
+            2048,
+            16,
+            16,
+            128,
+            False,
+            _DSV2 + "; deepseek-ai/DeepSeek-V2-Lite config.json (kv_lora_rank 512, qk_rope_head_dim 64, "
+            "q_lora_rank null)",
+            kv_lora_rank=512,
+            qk_rope_head_dim=64,
+        ),
+        ModelConfig(
+            "DeepSeek-V2",
+            60,
+            5120,
+            128,
+            128,
+            128,
+            False,
+            _DSV2 + " (60 layers, hidden 5120, 128 heads of 128, d_c 512, d_h^R 64); deepseek-ai/DeepSeek-V2 "
+            "config.json",
+            kv_lora_rank=512,
+            qk_rope_head_dim=64,
+        ),
+        ModelConfig(
+            "DeepSeek-V3",
+            61,
+            7168,
+            128,
+            128,
+            128,
+            False,
+            "DeepSeek-AI 2024, 'DeepSeek-V3 Technical Report', arXiv:2412.19437, §4.2 (61 layers, hidden 7168, "
+            "128 heads of 128, d_c 512, d_h^R 64); deepseek-ai/DeepSeek-V3 config.json",
+            kv_lora_rank=512,
+            qk_rope_head_dim=64,
         ),
     ]
 }

@@ -13,6 +13,7 @@ from __future__ import annotations
 from .accounting import count_attention_params, kv_cache_bytes
 from .address_book import address_book_query
 from .attention import multi_head_attention, scaled_dot_product_attention
+from .cache_schemes import gather_blocks, mla_cache_bytes, sink_window_update
 from .diagnostics import attention_entropy
 from .framework import CheckResult
 from .gqa import repeat_kv
@@ -44,6 +45,9 @@ CHECKERS = {
         previous_token_score,
         online_softmax_update,
         attention_entropy,
+        mla_cache_bytes,
+        sink_window_update,
+        gather_blocks,
     )
 }
 

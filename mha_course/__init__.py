@@ -17,6 +17,11 @@ Masks
 Grouped-query attention and the KV cache
     repeat_kv(x, n_rep), GroupedQueryAttention(d_model, num_heads, num_kv_heads, *, head_dim=None,
     bias=False), KVCache
+Positions and a Llama-architecture decoder
+    apply_rope(x, positions, *, theta=10000.0, layout="half"), RotaryEmbedding(head_dim, theta),
+    alibi_bias(num_heads, q_len, k_len=None), sinusoidal_positions(length, d_model);
+    RMSNorm(d, eps), SwiGLU(d_model, d_ff), LlamaDecoder(DecoderConfig(...)) .from_hf(model),
+    generate_greedy(model, input_ids, max_new_tokens)
 Accounting
     count_attention_params, attention_flops, kv_cache_bytes, MODEL_CONFIGS (name -> ModelConfig)
 Exercises
@@ -29,11 +34,13 @@ from . import check, plotting, quiz, widgets  # noqa: E402
 from .accounting import attention_flops, count_attention_params, kv_cache_bytes
 from .attention import scaled_dot_product_attention
 from .configs import MODEL_CONFIGS, ModelConfig
+from .decoder import DecoderConfig, LlamaDecoder, RMSNorm, SwiGLU, generate_greedy
 from .env import environment_report, setup
 from .gqa import GroupedQueryAttention, KVCache, repeat_kv
 from .heads import merge_heads, split_heads
 from .masks import causal_mask, padding_mask, sliding_window_mask
 from .multihead import LoopedMultiHeadAttention, MultiHeadAttention
+from .positions import RotaryEmbedding, alibi_bias, apply_rope, sinusoidal_positions
 
 __version__ = "0.1.0"
 
@@ -52,6 +59,15 @@ __all__ = [
     "count_attention_params",
     "attention_flops",
     "kv_cache_bytes",
+    "apply_rope",
+    "RotaryEmbedding",
+    "alibi_bias",
+    "sinusoidal_positions",
+    "RMSNorm",
+    "SwiGLU",
+    "DecoderConfig",
+    "LlamaDecoder",
+    "generate_greedy",
     "MODEL_CONFIGS",
     "ModelConfig",
     "check",

@@ -121,7 +121,7 @@ def test_sinusoidal_positions_formula():
 def test_alibi_slopes_match_the_paper():
     assert torch.allclose(P.alibi_slopes(8), torch.tensor([2.0 ** -(i + 1) for i in range(8)]))
     s6 = P.alibi_slopes(6)  # 4 slopes of 4 heads + slopes 1, 3 of 8 heads
-    expected = [2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8, 2 ** -1, 2 ** -3]
+    expected = [2**-2, 2**-4, 2**-6, 2**-8, 2**-1, 2**-3]
     assert torch.allclose(s6, torch.tensor(expected, dtype=torch.float32))
 
 

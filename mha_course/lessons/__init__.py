@@ -1,0 +1,4 @@
+"""One notebook's helpers, named by topic (module -> notebook):
+
+positions_lab   11 positions and RoPE
+"""

@@ -80,8 +80,8 @@ def alibi_bias(num_heads: int, q_len: int, k_len: int | None = None, *, causal: 
         raise ValueError(f"q_len ({q_len}) cannot exceed k_len ({k_len}): queries are the last positions")
     qpos = torch.arange(k_len - q_len, k_len)[:, None]  # (Lq, 1)
     kpos = torch.arange(k_len)[None, :]  # (1, Lk)
-    distance = (qpos - kpos).abs().float()  # (Lq, Lk)
-    bias = -alibi_slopes(num_heads)[:, None, None] * distance  # (h, Lq, Lk)
+    minus_distance = -(qpos - kpos).abs()  # (Lq, Lk) integers: 0 on the diagonal is +0.0, not -0.0
+    bias = alibi_slopes(num_heads)[:, None, None] * minus_distance  # (h, Lq, Lk)
     if causal:
         bias = bias.masked_fill(kpos > qpos, float("-inf"))
     return bias

@@ -86,7 +86,7 @@ def test_load_llama_checkpoint_calls_the_hub_as_documented(monkeypatch):
         return FakeTokenizer()
 
     def model(source, **kwargs):
-        calls.append(("model", source, kwargs.get("local_files_only"), kwargs.get("torch_dtype")))
+        calls.append(("model", source, kwargs.get("local_files_only")))
         return tiny
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", tokenizer)
@@ -94,7 +94,7 @@ def test_load_llama_checkpoint_calls_the_hub_as_documented(monkeypatch):
     ours, hf, tok = lab.load_llama_checkpoint()
     assert calls == [
         ("tokenizer", "HuggingFaceTB/SmolLM2-135M", False),
-        ("model", "HuggingFaceTB/SmolLM2-135M", False, torch.float32),
+        ("model", "HuggingFaceTB/SmolLM2-135M", False),
     ]
     assert hf is tiny and ours.config.num_kv_heads == 1 and ours.lm_head.weight is ours.embed_tokens.weight
     text = lab.complete(ours, tok, "a bb ccc", max_new_tokens=4)

@@ -87,7 +87,7 @@ def draw_experiments(shift_curves: dict, order_gaps: dict, *, tol: float = 1e-9)
     ax1.legend(fontsize=8)
     names = list(order_gaps)
     ax2.bar(names, [g if g > tol else 0.0 for g in order_gaps.values()], color="tab:purple")
-    ax2.set(ylabel="largest difference of 'dog''s output", title="'the dog bit the man' vs 'the man bit the dog'")
+    ax2.set(ylabel="largest difference of the output for 'dog'", title="'the dog bit the man' vs 'the man bit the dog'")
     fig.tight_layout()
     return fig
 
@@ -150,14 +150,15 @@ def load_llama_checkpoint(source: str = SMOLLM2, *, local_files_only: bool = Fal
     """Load a Llama-family checkpoint with ``transformers`` (hub id or local folder) and copy its
     weights into the course's :class:`~mha_course.decoder.LlamaDecoder`.
     Returns (course_model, hf_model, tokenizer). Downloads ~270 MB for SmolLM2-135M on first use."""
-    import transformers
-
     from ..decoder import LlamaDecoder
+    from ..pretrained import quiet_transformers
 
-    tokenizer = transformers.AutoTokenizer.from_pretrained(source, local_files_only=local_files_only)
-    hf_model = transformers.AutoModelForCausalLM.from_pretrained(
-        source, torch_dtype=torch.float32, local_files_only=local_files_only
-    ).eval()
+    with quiet_transformers():
+        import transformers
+
+        tokenizer = transformers.AutoTokenizer.from_pretrained(source, local_files_only=local_files_only)
+        model = transformers.AutoModelForCausalLM.from_pretrained(source, local_files_only=local_files_only)
+    hf_model = model.float().eval()  # the hub copy may be bf16
     return LlamaDecoder.from_hf(hf_model), hf_model, tokenizer
 
 
@@ -206,7 +207,7 @@ def draw_rope(pair: int = 0, offset: int = 3, *, head_dim: int = 64, theta: floa
         1.05 * math.cos(angle), 1.05 * math.sin(angle) + 0.08, f"query, position {offset}", color="tab:red", fontsize=8
     )
     ax1.set(
-        xlim=(-1.5, 1.9),
+        xlim=(-1.5, 2.4),
         ylim=(-1.4, 1.4),
         aspect="equal",
         xlabel=f"coordinate {pair} (pair {pair})",

@@ -87,8 +87,10 @@ class DecoderConfig:
     def from_hf(cls, config) -> DecoderConfig:
         """From a ``transformers`` LlamaConfig (v4: ``rope_theta``; v5: ``rope_parameters``)."""
         rope = getattr(config, "rope_parameters", None) or {}
-        if rope.get("rope_type", "default") != "default":
-            raise ValueError(f"only plain RoPE is supported, the config asks for {rope['rope_type']!r} scaling")
+        scaling = getattr(config, "rope_scaling", None) or {}  # transformers v4's name for it
+        kind = rope.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
+        if kind != "default":
+            raise ValueError(f"only plain RoPE is supported, the config asks for {kind!r} scaling")
         theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
         return cls(
             vocab_size=config.vocab_size,

@@ -3,6 +3,8 @@ and weights, same logits, same greedy tokens; its parts against torch's own modu
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -21,7 +23,7 @@ def tiny_llama(*, tie=False, attn="sdpa", theta=500.0, head_dim=None, seed=0):
         num_attention_heads=6,
         num_key_value_heads=2,
         head_dim=head_dim,
-        rope_parameters={"rope_type": "default", "rope_theta": theta},
+        rope_theta=theta,  # transformers v5 turns it into rope_parameters, v4 keeps it
         tie_word_embeddings=tie,
         max_position_embeddings=128,
         rms_norm_eps=1e-5,
@@ -127,6 +129,24 @@ def test_loader_rejects_a_mismatched_state_dict():
     sd["model.norm.weight"] = torch.ones(5)
     with pytest.raises(ValueError, match="shape"):
         ours.load_hf_state_dict(sd)
+
+
+def test_config_from_a_v4_style_config():
+    v4 = SimpleNamespace(
+        vocab_size=10,
+        hidden_size=8,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=16,
+        rms_norm_eps=1e-6,
+        rope_theta=500000.0,
+        rope_scaling=None,
+    )
+    assert DecoderConfig.from_hf(v4).rope_theta == 500000.0 and DecoderConfig.from_hf(v4).head_dim is None
+    v4.rope_scaling = {"rope_type": "llama3", "factor": 8.0}
+    with pytest.raises(ValueError, match="'llama3' scaling"):
+        DecoderConfig.from_hf(v4)
 
 
 def test_bad_input_ids():

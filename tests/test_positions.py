@@ -30,9 +30,7 @@ def test_apply_rope_equals_transformers_apply_rotary_pos_emb(theta, shape):
     k = torch.randn(*shape, generator=g, dtype=torch.float64)
     L, d = shape[-2:]
     positions = torch.randint(0, 5000, (L,), generator=g)
-    config = llama.LlamaConfig(
-        hidden_size=d, num_attention_heads=1, head_dim=d, rope_parameters={"rope_type": "default", "rope_theta": theta}
-    )
+    config = llama.LlamaConfig(hidden_size=d, num_attention_heads=1, head_dim=d, rope_theta=theta)
     cos, sin = llama.LlamaRotaryEmbedding(config)(q, positions[None])  # (1, L, d), HF's own angles
     hf_q, hf_k = llama.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=0 if q.dim() == 2 else 1)
     assert torch.allclose(P.apply_rope(q, positions, theta=theta), hf_q, atol=1e-12, rtol=0)

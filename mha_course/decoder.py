@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import _validate
+from . import validation as _validate
 from .gqa import GroupedQueryAttention, KVCache
 from .positions import RotaryEmbedding
 

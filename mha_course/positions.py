@@ -30,7 +30,7 @@ import math
 import torch
 from torch import nn
 
-from . import _validate
+from . import validation as _validate
 
 LAYOUTS = ("half", "interleaved")
 

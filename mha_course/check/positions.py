@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import positions as _P
-from ._core import Case, CheckResult, Mistake, run_check, tensor_generator
+from .framework import Case, CheckResult, Mistake, run_check, tensor_generator
 
 __all__ = ["apply_rope", "rope_step"]
 

@@ -151,7 +151,7 @@ def load_llama_checkpoint(source: str = SMOLLM2, *, local_files_only: bool = Fal
     weights into the course's :class:`~mha_course.decoder.LlamaDecoder`.
     Returns (course_model, hf_model, tokenizer). Downloads ~270 MB for SmolLM2-135M on first use."""
     from ..decoder import LlamaDecoder
-    from ..pretrained import quiet_transformers
+    from .pretrained import quiet_transformers
 
     with quiet_transformers():
         import transformers

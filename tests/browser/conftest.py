@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from mha_course import notebook_tools
+from authoring import notebooks as notebook_tools
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = Path(__file__).resolve().parent / "screenshots"

@@ -68,7 +68,9 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
     return torch.tensor(slopes)
 
 
-def alibi_bias(num_heads: int, q_len: int, k_len: int | None = None, *, causal: bool = True) -> torch.Tensor:
+def alibi_bias(
+    num_heads: int, q_len: int, k_len: int | None = None, *, causal: bool = True, device=None
+) -> torch.Tensor:
     """ALiBi as a float mask to add to the scores, (num_heads, q_len, k_len):
     ``-slope_h · |i - j|`` for query i and key j, with query i at absolute position
     ``i + k_len - q_len`` (bottom-right aligned, as in cached decoding). With ``causal=True`` the
@@ -78,10 +80,10 @@ def alibi_bias(num_heads: int, q_len: int, k_len: int | None = None, *, causal: 
     _validate.positive_int("k_len", k_len)
     if q_len > k_len:
         raise ValueError(f"q_len ({q_len}) cannot exceed k_len ({k_len}): queries are the last positions")
-    qpos = torch.arange(k_len - q_len, k_len)[:, None]  # (Lq, 1)
-    kpos = torch.arange(k_len)[None, :]  # (1, Lk)
+    qpos = torch.arange(k_len - q_len, k_len, device=device)[:, None]  # (Lq, 1)
+    kpos = torch.arange(k_len, device=device)[None, :]  # (1, Lk)
     minus_distance = -(qpos - kpos).abs()  # (Lq, Lk) integers: 0 on the diagonal is +0.0, not -0.0
-    bias = alibi_slopes(num_heads)[:, None, None] * minus_distance  # (h, Lq, Lk)
+    bias = alibi_slopes(num_heads).to(device)[:, None, None] * minus_distance  # (h, Lq, Lk)
     if causal:
         bias = bias.masked_fill(kpos > qpos, float("-inf"))
     return bias
@@ -103,13 +105,14 @@ def _check_head_dim(head_dim) -> int:
     return head_dim
 
 
-def rope_frequencies(head_dim: int, theta: float = 10000.0) -> torch.Tensor:
+def rope_frequencies(head_dim: int, theta: float = 10000.0, *, device=None) -> torch.Tensor:
     """The rotation speed of each pair, (head_dim / 2,) float32: ω_i = theta^(-2i / head_dim),
     from 1 radian per position (i = 0) down to nearly theta^(-1)."""
     _check_head_dim(head_dim)
     if not theta > 0:
         raise ValueError(f"theta must be positive, got {theta}")
-    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))  # (head_dim/2,)
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim  # (head_dim/2,)
+    return 1.0 / (theta**exponents)
 
 
 def _positions(positions) -> torch.Tensor:
@@ -129,7 +132,7 @@ def rope_cos_sin(positions, head_dim: int, theta: float = 10000.0, *, layout: st
     """
     _check_layout(layout)
     positions = _positions(positions)
-    angles = positions[:, None].float() * rope_frequencies(head_dim, theta)  # (L, head_dim/2)
+    angles = positions[:, None].float() * rope_frequencies(head_dim, theta, device=positions.device)  # (L, d/2)
     if layout == "half":
         angles = torch.cat([angles, angles], dim=-1)  # (L, head_dim)
     else:

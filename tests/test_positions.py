@@ -168,3 +168,25 @@ def test_gqa_with_rope_cached_decoding_equals_full_recomputation():
 def test_bad_input_is_named(call, error):
     with pytest.raises((ValueError, TypeError), match=error):
         call()
+
+
+ACCELERATORS = [
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")),
+]
+
+
+@pytest.mark.parametrize("device", ["meta", *ACCELERATORS])
+def test_positions_and_the_decoder_compute_on_the_inputs_device(device):
+    x = torch.randn(2, 3, 5, 8, device=device)
+    assert P.apply_rope(x, torch.arange(5, device=device)).device.type == device
+    assert P.RotaryEmbedding(8)(x, 4).device.type == device
+    assert P.alibi_bias(4, 5, device=device).device.type == device
+    with torch.device(device):
+        model = mc.LlamaDecoder(mc.DecoderConfig(50, 16, 2, 4, 2, 32, tie_embeddings=True))
+    ids = torch.randint(0, 50, (2, 5), device=device)
+    caches = model.new_caches()
+    assert model(ids, caches).device.type == device and caches[0].length == 5
+    if device != "meta":  # values exist: the device agrees with the CPU
+        cpu = mc.LlamaDecoder(model.config)
+        cpu.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
+        assert torch.allclose(model(ids).cpu(), cpu(ids.cpu()), atol=1e-4)

@@ -14,6 +14,9 @@ class ModelConfig:
     ``num_layers`` are transformer layers; ``attention_modules`` counts attention layers in the
     whole model (for encoder–decoder models: encoder self + decoder self + decoder cross).
     ``attention_bias``: True (all four projections), False, or "qkv" (Q/K/V only).
+    ``position_scheme``: how the model knows where a token stands — "sinusoidal", "learned"
+    (absolute, added to the input), "rope" (rotary, with base ``rope_theta``) or None (not recorded);
+    ``position_source`` says where that comes from.
     """
 
     name: str
@@ -27,6 +30,9 @@ class ModelConfig:
     attention_modules: int | None = None
     kv_lora_rank: int | None = None  # multi-head latent attention (MLA): latent cached per token
     qk_rope_head_dim: int | None = None  # MLA: width of the decoupled RoPE key shared by all heads
+    position_scheme: str | None = None
+    rope_theta: float | None = None
+    position_source: str = ""
 
     @property
     def n_attention_modules(self) -> int:
@@ -69,17 +75,60 @@ _VASWANI = "Vaswani et al. 2017, 'Attention Is All You Need', Table 3 (N=6 encod
 _BERT = "Devlin et al. 2019, 'BERT', §3 (L layers, H hidden, A heads)"
 _GPT2 = "Radford et al. 2019, GPT-2 paper Table 2; Hugging Face config.json (n_layer, n_embd, n_head)"
 
+_VASWANI_POS = "Vaswani et al. 2017, §3.5: sinusoidal positional encoding added to the embeddings"
+_BERT_POS = "Devlin et al. 2019, §3: learned position embeddings; config.json max_position_embeddings 512"
+_GPT2_POS = "Radford et al. 2019 (GPT-2, after GPT-1): learned position embeddings (wpe, n_positions 1024)"
+_GPT3_POS = "Brown et al. 2020, §2.1: the GPT-2 architecture (learned position embeddings)"
+_LLAMA2_POS = "Touvron et al. 2023, 'Llama 2', §2.2 (RoPE, as Llama 1); config.json rope_theta 10000.0"
+_LLAMA3_POS = "'The Llama 3 Herd of Models' §3.2: RoPE base frequency increased to 500,000; config.json rope_theta"
+
 MODEL_CONFIGS: dict[str, ModelConfig] = {
     c.name: c
     for c in [
-        ModelConfig("Transformer base", 6, 512, 8, 8, 64, True, _VASWANI, attention_modules=18),
-        ModelConfig("Transformer big", 6, 1024, 16, 16, 64, True, _VASWANI, attention_modules=18),
-        ModelConfig("BERT base", 12, 768, 12, 12, 64, True, _BERT),
-        ModelConfig("BERT large", 24, 1024, 16, 16, 64, True, _BERT),
-        ModelConfig("GPT-2 small", 12, 768, 12, 12, 64, True, _GPT2),
-        ModelConfig("GPT-2 medium", 24, 1024, 16, 16, 64, True, _GPT2),
-        ModelConfig("GPT-2 large", 36, 1280, 20, 20, 64, True, _GPT2),
-        ModelConfig("GPT-2 XL", 48, 1600, 25, 25, 64, True, _GPT2),
+        ModelConfig(
+            "Transformer base",
+            6,
+            512,
+            8,
+            8,
+            64,
+            True,
+            _VASWANI,
+            attention_modules=18,
+            position_scheme="sinusoidal",
+            position_source=_VASWANI_POS,
+        ),
+        ModelConfig(
+            "Transformer big",
+            6,
+            1024,
+            16,
+            16,
+            64,
+            True,
+            _VASWANI,
+            attention_modules=18,
+            position_scheme="sinusoidal",
+            position_source=_VASWANI_POS,
+        ),
+        ModelConfig(
+            "BERT base", 12, 768, 12, 12, 64, True, _BERT, position_scheme="learned", position_source=_BERT_POS
+        ),
+        ModelConfig(
+            "BERT large", 24, 1024, 16, 16, 64, True, _BERT, position_scheme="learned", position_source=_BERT_POS
+        ),
+        ModelConfig(
+            "GPT-2 small", 12, 768, 12, 12, 64, True, _GPT2, position_scheme="learned", position_source=_GPT2_POS
+        ),
+        ModelConfig(
+            "GPT-2 medium", 24, 1024, 16, 16, 64, True, _GPT2, position_scheme="learned", position_source=_GPT2_POS
+        ),
+        ModelConfig(
+            "GPT-2 large", 36, 1280, 20, 20, 64, True, _GPT2, position_scheme="learned", position_source=_GPT2_POS
+        ),
+        ModelConfig(
+            "GPT-2 XL", 48, 1600, 25, 25, 64, True, _GPT2, position_scheme="learned", position_source=_GPT2_POS
+        ),
         ModelConfig(
             "GPT-3 175B",
             96,
@@ -89,6 +138,8 @@ MODEL_CONFIGS: dict[str, ModelConfig] = {
             128,
             True,
             "Brown et al. 2020, 'Language Models are Few-Shot Learners', Table 2.1",
+            position_scheme="learned",
+            position_source=_GPT3_POS,
         ),
         ModelConfig(
             "Llama 2 7B",
@@ -99,6 +150,9 @@ MODEL_CONFIGS: dict[str, ModelConfig] = {
             128,
             False,
             "Touvron et al. 2023, 'Llama 2', Table 1; meta-llama/Llama-2-7b-hf config.json",
+            position_scheme="rope",
+            rope_theta=10000.0,
+            position_source=_LLAMA2_POS,
         ),
         ModelConfig(
             "Llama 2 70B",
@@ -109,6 +163,9 @@ MODEL_CONFIGS: dict[str, ModelConfig] = {
             128,
             False,
             "Touvron et al. 2023, 'Llama 2' (GQA for 34B/70B); meta-llama/Llama-2-70b-hf config.json",
+            position_scheme="rope",
+            rope_theta=10000.0,
+            position_source=_LLAMA2_POS,
         ),
         ModelConfig(
             "Llama 3 8B",
@@ -119,6 +176,9 @@ MODEL_CONFIGS: dict[str, ModelConfig] = {
             128,
             False,
             "Meta 2024, Llama 3 model card / 'The Llama 3 Herd of Models' Table 3; config.json",
+            position_scheme="rope",
+            rope_theta=500000.0,
+            position_source=_LLAMA3_POS,
         ),
         ModelConfig(
             "Llama 3 70B",
@@ -129,6 +189,9 @@ MODEL_CONFIGS: dict[str, ModelConfig] = {
             128,
             False,
             "Meta 2024, 'The Llama 3 Herd of Models' Table 3; meta-llama/Meta-Llama-3-70B config.json",
+            position_scheme="rope",
+            rope_theta=500000.0,
+            position_source=_LLAMA3_POS,
         ),
         ModelConfig(
             "Mistral 7B",
@@ -139,6 +202,9 @@ MODEL_CONFIGS: dict[str, ModelConfig] = {
             128,
             False,
             "Jiang et al. 2023, 'Mistral 7B', Table 1; mistralai/Mistral-7B-v0.1 config.json",
+            position_scheme="rope",
+            rope_theta=10000.0,
+            position_source="Jiang et al. 2023, 'Mistral 7B' (RoPE); Mistral-7B-v0.1 config.json rope_theta 10000.0",
         ),
         ModelConfig(
             "Qwen2.5-7B",
@@ -149,6 +215,9 @@ MODEL_CONFIGS: dict[str, ModelConfig] = {
             128,
             "qkv",
             "Qwen team 2024, Qwen2.5 technical report; Qwen/Qwen2.5-7B config.json (QKV bias, no O bias)",
+            position_scheme="rope",
+            rope_theta=1000000.0,
+            position_source="Qwen/Qwen2.5-7B config.json: rope_theta 1000000.0",
         ),
         ModelConfig(
             "Gemma 2 9B",
@@ -159,6 +228,9 @@ MODEL_CONFIGS: dict[str, ModelConfig] = {
             256,
             False,
             "Gemma Team 2024, 'Gemma 2', Table 1; google/gemma-2-9b config.json (head_dim 256)",
+            position_scheme="rope",
+            rope_theta=10000.0,
+            position_source="Gemma Team 2024, 'Gemma 2' (RoPE); google/gemma-2-9b config.json rope_theta 10000.0",
         ),
     ]
 }

@@ -21,6 +21,7 @@ from .head_budget import attention_flops_split
 from .heads import merge_heads, split_heads
 from .masks import causal_mask, padding_mask
 from .per_head import multi_head_attention_per_head
+from .positions import apply_rope, rope_step
 from .pretrained import previous_token_score
 from .specialize import ablate_heads
 from .tiled import online_softmax_update
@@ -45,6 +46,8 @@ CHECKERS = {
         previous_token_score,
         online_softmax_update,
         attention_entropy,
+        apply_rope,
+        rope_step,
         mla_cache_bytes,
         sink_window_update,
         gather_blocks,

@@ -67,6 +67,8 @@ NOTEBOOKS: list[tuple[str, str, str]] = [
         "Positions and RoPE",
         "Learned, sinusoidal, ALiBi and RoPE under one test; RoPE's layouts and the KV cache; "
         "a Llama decoder = transformers' LlamaForCausalLM.",
+    ),
+    (
         "12_beyond_gqa",
         "Beyond GQA",
         "Latent attention (DeepSeek), sliding windows with sinks, paged and int8 caches — each proven and measured.",

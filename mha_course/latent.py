@@ -34,26 +34,9 @@ from . import validation
 from .attention import scaled_dot_product_attention
 from .heads import merge_heads
 from .masks import causal_mask
+from .positions import apply_rope
 
 __all__ = ["MultiHeadLatentAttention", "LatentCache", "mla_cache_bytes"]
-
-
-def _rope_interleaved(x, positions, *, theta: float = 10000.0):
-    """Rotate interleaved pairs of ``x`` (..., L, d) by ``positions`` (L,) · θ^(−2i/d).
-
-    Pair i is (x[..., 2i], x[..., 2i+1]); d must be even. Equivalent to multiplying the complex
-    numbers x[2i] + j·x[2i+1] by e^(j·pos·θ^(−2i/d)).
-    """
-    d = x.shape[-1]
-    if d % 2:
-        raise ValueError(f"RoPE needs an even last dim, got {d}")
-    inv_freq = theta ** (-torch.arange(0, d, 2, dtype=torch.float64, device=x.device) / d)  # (d/2,)
-    angles = positions.to(torch.float64)[:, None] * inv_freq  # (L, d/2)
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-    pairs = x.unflatten(-1, (d // 2, 2))  # (..., L, d/2, 2)
-    even, odd = pairs[..., 0], pairs[..., 1]  # (..., L, d/2) each
-    rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)  # (..., L, d/2, 2)
-    return rotated.flatten(-2)  # (..., L, d)
 
 
 def mla_cache_bytes(num_layers, kv_lora_rank, qk_rope_head_dim, seq_len, *, batch=1, bytes_per_element=2) -> int:
@@ -172,7 +155,7 @@ class MultiHeadLatentAttention(nn.Module):
         both = self.kv_a_proj_with_mqa(x)  # (B, L, r + d_R)
         c_kv, k_rope = both.split([self.kv_lora_rank, self.rope], dim=-1)  # (B, L, r), (B, L, d_R)
         positions = torch.arange(start, start + x.shape[1], device=x.device)
-        return self.kv_a_layernorm(c_kv), _rope_interleaved(k_rope, positions, theta=self.rope_theta)
+        return self.kv_a_layernorm(c_kv), apply_rope(k_rope, positions, theta=self.rope_theta, layout="interleaved")
 
     def queries(self, x, start: int = 0):
         """x (B, L, d_model) -> q_nope (B, h, L, d_nope), q_rope (B, h, L, d_R) (rotated)."""
@@ -180,7 +163,7 @@ class MultiHeadLatentAttention(nn.Module):
         q = self.q_proj(x).view(B, L, self.num_heads, self.nope + self.rope).transpose(1, 2)  # (B, h, L, d_qk)
         q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
         positions = torch.arange(start, start + L, device=x.device)
-        return q_nope, _rope_interleaved(q_rope, positions, theta=self.rope_theta)
+        return q_nope, apply_rope(q_rope, positions, theta=self.rope_theta, layout="interleaved")
 
     def up_weights(self):
         """W_UK (h, d_nope, r) and W_UV (h, d_v, r): the two halves of kv_b_proj, per head."""

@@ -7,7 +7,8 @@ from transformers import DeepseekV2Config
 from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2Attention, DeepseekV2RotaryEmbedding
 
 import mha_course as mc
-from mha_course.latent import LatentCache, MultiHeadLatentAttention, _rope_interleaved, mla_cache_bytes
+from mha_course.latent import LatentCache, MultiHeadLatentAttention, mla_cache_bytes
+from mha_course.positions import apply_rope
 
 SHAPES = [  # d_model, heads, kv_lora_rank, nope, rope, v
     (64, 4, 16, 8, 4, 6),
@@ -112,11 +113,12 @@ def test_rope_interleaved_equals_complex_rotation():
     z = torch.view_as_complex(x.reshape(3, 5, 4, 2).contiguous()) * torch.polar(
         torch.ones(5, 4, dtype=torch.float64), pos[:, None] * inv
     )
-    torch.testing.assert_close(_rope_interleaved(x, pos), torch.view_as_real(z).reshape(3, 5, 8))
+    torch.testing.assert_close(apply_rope(x, pos, layout="interleaved"), torch.view_as_real(z).reshape(3, 5, 8))
     # a rotation: norms of pairs are kept, and scores depend only on the relative position
     q, k = torch.randn(8, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
     s = [
-        _rope_interleaved(q[None], torch.tensor([a]))[0] @ _rope_interleaved(k[None], torch.tensor([b]))[0]
+        apply_rope(q[None], torch.tensor([a]), layout="interleaved")[0]
+        @ apply_rope(k[None], torch.tensor([b]), layout="interleaved")[0]
         for a, b in ((3, 1), (10, 8))
     ]
     torch.testing.assert_close(s[0], s[1])

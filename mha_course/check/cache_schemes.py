@@ -74,7 +74,7 @@ def _positions_not_recorded(keys, positions, k_new, t, window, num_sinks):
     return keys, positions
 
 
-_WINDOW_MISTAKES = [
+SINK_WINDOW_UPDATE_MISTAKES = [
     Mistake(
         "ring over all slots",
         _canon(_update_at(lambda t, p, w, s: t % (s + w))),
@@ -118,7 +118,7 @@ def sink_window_update(fn) -> CheckResult:
         _canon(fn) if callable(fn) else fn,
         cases,
         _canon(_reference_update),
-        _WINDOW_MISTAKES,
+        SINK_WINDOW_UPDATE_MISTAKES,
         arg_names=("keys", "positions", "k_new", "t", "window", "num_sinks"),
         output_names=("kept positions", "their keys"),
     )
@@ -126,6 +126,45 @@ def sink_window_update(fn) -> CheckResult:
 
 # ---------------------------------------------------------------------------------------------
 # paged cache
+
+
+def _untrimmed(pool, table, length):
+    return _cs.gather_blocks(pool, table, len(table) * pool.shape[2])
+
+
+def _no_transpose(pool, table, length):
+    n, h, b, d = len(table), *pool.shape[1:3], pool.shape[3]
+    return pool[table].reshape(h, n * b, d)[:, :length]
+
+
+GATHER_BLOCKS_MISTAKES = [
+    Mistake(
+        "no transpose",
+        _no_transpose,
+        "reshaped (n, h_kv, block_size, d) straight to (h_kv, n·block_size, d): that mixes heads and blocks — "
+        "move the head dim first (transpose) before merging blocks and offsets",
+    ),
+    Mistake(
+        "pool order",
+        lambda pool, table, length: _cs.gather_blocks(pool, torch.arange(len(table)), length),
+        "took the first blocks of the pool: a sequence's blocks are wherever its block table says",
+    ),
+    Mistake(
+        "sorted table",
+        lambda pool, table, length: _cs.gather_blocks(pool, table.sort().values, length),
+        "read the blocks in pool order (sorted ids): the block table's ORDER is the order of the positions",
+    ),
+    Mistake(
+        "not trimmed",
+        _untrimmed,
+        "returned every slot of the blocks: the last block is only partly filled — keep the first `length` positions",
+    ),
+    Mistake(
+        "positions first",
+        lambda pool, table, length: _cs.gather_blocks(pool, table, length).transpose(0, 1),
+        "returned (length, h_kv, d): the cache's layout is (h_kv, length, d), heads first",
+    ),
+]
 
 
 def gather_blocks(fn) -> CheckResult:
@@ -145,48 +184,12 @@ def gather_blocks(fn) -> CheckResult:
         for n, h, b, d, table, length, text in specs
     ]
 
-    def untrimmed(pool, table, length):
-        return _cs.gather_blocks(pool, table, len(table) * pool.shape[2])
-
-    def no_transpose(pool, table, length):
-        n, h, b, d = len(table), *pool.shape[1:3], pool.shape[3]
-        return pool[table].reshape(h, n * b, d)[:, :length]
-
-    mistakes = [
-        Mistake(
-            "no transpose",
-            no_transpose,
-            "reshaped (n, h_kv, block_size, d) straight to (h_kv, n·block_size, d): that mixes heads and blocks — "
-            "move the head dim first (transpose) before merging blocks and offsets",
-        ),
-        Mistake(
-            "pool order",
-            lambda pool, table, length: _cs.gather_blocks(pool, torch.arange(len(table)), length),
-            "took the first blocks of the pool: a sequence's blocks are wherever its block table says",
-        ),
-        Mistake(
-            "sorted table",
-            lambda pool, table, length: _cs.gather_blocks(pool, table.sort().values, length),
-            "read the blocks in pool order (sorted ids): the block table's ORDER is the order of the positions",
-        ),
-        Mistake(
-            "not trimmed",
-            untrimmed,
-            "returned every slot of the blocks: the last block is only partly filled — "
-            "keep the first `length` positions",
-        ),
-        Mistake(
-            "positions first",
-            lambda pool, table, length: _cs.gather_blocks(pool, table, length).transpose(0, 1),
-            "returned (length, h_kv, d): the cache's layout is (h_kv, length, d), heads first",
-        ),
-    ]
     return run_check(
         "gather_blocks",
         fn,
         cases,
         _cs.gather_blocks,
-        mistakes,
+        GATHER_BLOCKS_MISTAKES,
         arg_names=("pool", "block_table", "length"),
         output_label="your result",
     )
@@ -213,6 +216,56 @@ def _mla_variant(per_token):
     return variant
 
 
+MLA_CACHE_BYTES_MISTAKES = [
+    Mistake(
+        "latent twice",
+        _mla_variant(lambda r, rope, info: 2 * r + rope),
+        "the latent counted twice (for K and for V): one latent per token serves both",
+        on_case=True,
+    ),
+    Mistake(
+        "rope per head",
+        _mla_variant(lambda r, rope, info: r + info["heads"] * rope),
+        "the RoPE key counted once per head: the decoupled key is shared by all heads, cached once",
+        on_case=True,
+    ),
+    Mistake(
+        "no rope",
+        _mla_variant(lambda r, rope, info: r),
+        "the decoupled RoPE key is missing: each token caches its latent AND its RoPE key",
+        on_case=True,
+    ),
+    Mistake(
+        "expanded K and V",
+        _mla_variant(lambda r, rope, info: 2 * info["heads"] * info["head_dim"]),
+        "counted the per-head keys and values the latent expands into: the cache holds only the latent "
+        "and the RoPE key",
+        on_case=True,
+    ),
+    Mistake(
+        "both twice",
+        _mla_variant(lambda r, rope, info: 2 * (r + rope)),
+        "counted K and V separately (×2): MLA caches one latent and one RoPE key per token, no factor 2",
+        on_case=True,
+    ),
+    Mistake(
+        "no layers",
+        lambda n, r, rope, s, batch=1, bytes_per_element=2: (r + rope) * s * batch * bytes_per_element,
+        "layers ignored: every layer caches its own latent",
+    ),
+    Mistake(
+        "elements",
+        lambda n, r, rope, s, batch=1, bytes_per_element=2: n * (r + rope) * s * batch,
+        "counted numbers, not bytes: multiply by bytes_per_element",
+    ),
+    Mistake(
+        "no batch",
+        lambda n, r, rope, s, batch=1, bytes_per_element=2: n * (r + rope) * s * bytes_per_element,
+        "batch ignored: every sequence has its own cache",
+    ),
+]
+
+
 def mla_cache_bytes(fn) -> CheckResult:
     """Check ``fn(num_layers, kv_lora_rank, qk_rope_head_dim, seq_len, batch=1, bytes_per_element=2) -> int``:
     the bytes of a multi-head latent attention cache for all layers, tokens and sequences."""
@@ -237,60 +290,12 @@ def mla_cache_bytes(fn) -> CheckResult:
             info={"heads": 4, "head_dim": 16},
         ),
     ]
-    mistakes = [
-        Mistake(
-            "latent twice",
-            _mla_variant(lambda r, rope, info: 2 * r + rope),
-            "the latent counted twice (for K and for V): one latent per token serves both",
-            on_case=True,
-        ),
-        Mistake(
-            "rope per head",
-            _mla_variant(lambda r, rope, info: r + info["heads"] * rope),
-            "the RoPE key counted once per head: the decoupled key is shared by all heads, cached once",
-            on_case=True,
-        ),
-        Mistake(
-            "no rope",
-            _mla_variant(lambda r, rope, info: r),
-            "the decoupled RoPE key is missing: each token caches its latent AND its RoPE key",
-            on_case=True,
-        ),
-        Mistake(
-            "expanded K and V",
-            _mla_variant(lambda r, rope, info: 2 * info["heads"] * info["head_dim"]),
-            "counted the per-head keys and values the latent expands into: the cache holds only the latent "
-            "and the RoPE key",
-            on_case=True,
-        ),
-        Mistake(
-            "both twice",
-            _mla_variant(lambda r, rope, info: 2 * (r + rope)),
-            "counted K and V separately (×2): MLA caches one latent and one RoPE key per token, no factor 2",
-            on_case=True,
-        ),
-        Mistake(
-            "no layers",
-            lambda n, r, rope, s, batch=1, bytes_per_element=2: (r + rope) * s * batch * bytes_per_element,
-            "layers ignored: every layer caches its own latent",
-        ),
-        Mistake(
-            "elements",
-            lambda n, r, rope, s, batch=1, bytes_per_element=2: n * (r + rope) * s * batch,
-            "counted numbers, not bytes: multiply by bytes_per_element",
-        ),
-        Mistake(
-            "no batch",
-            lambda n, r, rope, s, batch=1, bytes_per_element=2: n * (r + rope) * s * bytes_per_element,
-            "batch ignored: every sequence has its own cache",
-        ),
-    ]
     return run_check(
         "mla_cache_bytes",
         fn,
         cases,
         _mla,
-        mistakes,
+        MLA_CACHE_BYTES_MISTAKES,
         arg_names=("num_layers", "kv_lora_rank", "qk_rope_head_dim", "seq_len"),
         output_label="your answer",
     )

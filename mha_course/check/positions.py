@@ -23,6 +23,42 @@ def _reference(x, positions, theta):
     return _P.apply_rope(x, positions, theta=theta)
 
 
+APPLY_ROPE_MISTAKES = [
+    Mistake(
+        "interleaved",
+        lambda x, p, t: _rope(x, p, t, layout="interleaved"),
+        "you rotated adjacent pairs (2i, 2i+1), Meta's interleaved layout; here pair i is coordinates i and "
+        "i + head_dim/2 (rotate-half, as in Hugging Face checkpoints)",
+    ),
+    Mistake(
+        "exponent i/d",
+        lambda x, p, t: _rope(x, p, t, exponent=1.0),
+        "the frequencies are θ^(-i/head_dim): the exponent is 2i/head_dim (i counts pairs, not coordinates)",
+    ),
+    Mistake(
+        "theta fixed",
+        lambda x, p, t: _rope(x, p, 10000.0),
+        "the base θ is fixed at 10,000 — use the theta argument (Llama 3 uses 500,000)",
+    ),
+    Mistake(
+        "direction",
+        lambda x, p, t: _rope(x, p, t, sign=-1.0),
+        "each pair turns the wrong way: (x1, x2) -> (x1·cos + x2·sin, x2·cos - x1·sin); the half that is "
+        "negated is the second: rotate_half(x) = (-x2, x1)",
+    ),
+    Mistake(
+        "positions ignored",
+        lambda x, p, t: _rope(x, torch.arange(x.shape[-2]), t),
+        "the rows are rotated by their index 0, 1, 2, … instead of by the positions given",
+    ),
+    Mistake(
+        "not rotated",
+        lambda x, p, t: x.clone(),
+        "x comes back unrotated",
+    ),
+]
+
+
 def apply_rope(fn) -> CheckResult:
     """Check ``fn(x, positions, theta)``: x (..., L, head_dim) rotated, "rotate-half" layout (pair i
     = coordinates i and i + head_dim/2), pair i of the row at position p turned by
@@ -37,43 +73,16 @@ def apply_rope(fn) -> CheckResult:
     cases = [
         Case((torch.randn(*shape, generator=g), pos, theta), description=text) for shape, pos, theta, text in shapes
     ]
-    mistakes = [
-        Mistake(
-            "interleaved",
-            lambda x, p, t: _rope(x, p, t, layout="interleaved"),
-            "you rotated adjacent pairs (2i, 2i+1), Meta's interleaved layout; here pair i is coordinates i and "
-            "i + head_dim/2 (rotate-half, as in Hugging Face checkpoints)",
-        ),
-        Mistake(
-            "exponent i/d",
-            lambda x, p, t: _rope(x, p, t, exponent=1.0),
-            "the frequencies are θ^(-i/head_dim): the exponent is 2i/head_dim (i counts pairs, not coordinates)",
-        ),
-        Mistake(
-            "theta fixed",
-            lambda x, p, t: _rope(x, p, 10000.0),
-            "the base θ is fixed at 10,000 — use the theta argument (Llama 3 uses 500,000)",
-        ),
-        Mistake(
-            "direction",
-            lambda x, p, t: _rope(x, p, t, sign=-1.0),
-            "each pair turns the wrong way: (x1, x2) -> (x1·cos + x2·sin, x2·cos - x1·sin); the half that is "
-            "negated is the second: rotate_half(x) = (-x2, x1)",
-        ),
-        Mistake(
-            "positions ignored",
-            lambda x, p, t: _rope(x, torch.arange(x.shape[-2]), t),
-            "the rows are rotated by their index 0, 1, 2, … instead of by the positions given",
-        ),
-        Mistake(
-            "not rotated",
-            lambda x, p, t: x.clone(),
-            "x comes back unrotated",
-        ),
-    ]
     # angles in float32 (as Llama) or float64 (as a formula written out) may differ by ~1e-5 rad here
     return run_check(
-        "apply_rope", fn, cases, _reference, mistakes, arg_names=("x", "positions", "theta"), atol=3e-4, rtol=1e-4
+        "apply_rope",
+        fn,
+        cases,
+        _reference,
+        APPLY_ROPE_MISTAKES,
+        arg_names=("x", "positions", "theta"),
+        atol=3e-4,
+        rtol=1e-4,
     )
 
 
@@ -84,6 +93,40 @@ def _step(q, k, v, cache_length, theta, *, first=None, rotate_k=True, rotate_v=F
     k = _P.apply_rope(k, pos, theta=theta, layout=layout) if rotate_k else k
     v = _P.apply_rope(v, pos, theta=theta, layout=layout) if rotate_v else v
     return q, k, v
+
+
+ROPE_STEP_MISTAKES = [
+    Mistake(
+        "position 0",
+        lambda q, k, v, c, t: _step(q, k, v, c, t, first=0),
+        "the new tokens are rotated as positions 0, 1, … — they come after the cached ones: start at cache_length",
+    ),
+    Mistake(
+        "one late",
+        lambda q, k, v, c, t: _step(q, k, v, c, t, first=c + 1),
+        "off by one: the first new token's position is cache_length (positions count from 0), not cache_length + 1",
+    ),
+    Mistake(
+        "one early",
+        lambda q, k, v, c, t: _step(q, k, v, c, t, first=max(c - 1, 0)),
+        "off by one: the first new token's position is cache_length, not cache_length - 1",
+    ),
+    Mistake(
+        "v rotated",
+        lambda q, k, v, c, t: _step(q, k, v, c, t, rotate_v=True),
+        "v was rotated too: RoPE turns only q and k (positions enter the scores, not the values)",
+    ),
+    Mistake(
+        "k not rotated",
+        lambda q, k, v, c, t: _step(q, k, v, c, t, rotate_k=False),
+        "k goes to the cache unrotated: rotate it before caching (the cached keys are all rotated)",
+    ),
+    Mistake(
+        "interleaved",
+        lambda q, k, v, c, t: _step(q, k, v, c, t, layout="interleaved"),
+        "adjacent pairs (2i, 2i+1) rotated: use the rotate-half layout (pair i = i and i + head_dim/2)",
+    ),
+]
 
 
 def rope_step(fn) -> CheckResult:
@@ -110,44 +153,12 @@ def rope_step(fn) -> CheckResult:
         )
         for B, h, h_kv, n, hd, cache_len, theta, text in shapes
     ]
-    mistakes = [
-        Mistake(
-            "position 0",
-            lambda q, k, v, c, t: _step(q, k, v, c, t, first=0),
-            "the new tokens are rotated as positions 0, 1, … — they come after the cached ones: start at cache_length",
-        ),
-        Mistake(
-            "one late",
-            lambda q, k, v, c, t: _step(q, k, v, c, t, first=c + 1),
-            "off by one: the first new token's position is cache_length (positions count from 0), not cache_length + 1",
-        ),
-        Mistake(
-            "one early",
-            lambda q, k, v, c, t: _step(q, k, v, c, t, first=max(c - 1, 0)),
-            "off by one: the first new token's position is cache_length, not cache_length - 1",
-        ),
-        Mistake(
-            "v rotated",
-            lambda q, k, v, c, t: _step(q, k, v, c, t, rotate_v=True),
-            "v was rotated too: RoPE turns only q and k (positions enter the scores, not the values)",
-        ),
-        Mistake(
-            "k not rotated",
-            lambda q, k, v, c, t: _step(q, k, v, c, t, rotate_k=False),
-            "k goes to the cache unrotated: rotate it before caching (the cached keys are all rotated)",
-        ),
-        Mistake(
-            "interleaved",
-            lambda q, k, v, c, t: _step(q, k, v, c, t, layout="interleaved"),
-            "adjacent pairs (2i, 2i+1) rotated: use the rotate-half layout (pair i = i and i + head_dim/2)",
-        ),
-    ]
     return run_check(
         "rope_step",
         fn,
         cases,
         _step,
-        mistakes,
+        ROPE_STEP_MISTAKES,
         arg_names=("q", "k", "v", "cache_length", "theta"),
         output_names=("q", "k", "v"),
         atol=3e-4,

@@ -72,3 +72,12 @@ def test_loss_fn_names_a_wrong_gate_shape():
     loss_fn, B, h = hi._cases()[0].args
     with pytest.raises(ValueError, match=r"gates of shape \(B, h\) = \(6, 3\), got \(3,\)"):
         loss_fn(torch.ones(h))
+
+
+def test_the_packages_score_equals_the_checkers_reference():
+    """head_ablation.gate_gradient_importance (what notebook 07 uses after the exercise) = the reference."""
+    from mha_course.lessons import head_ablation
+
+    for case in hi._cases():
+        torch.testing.assert_close(head_ablation.gate_gradient_importance(*case.args), hi._reference(*case.args))
+    assert mc.check.gradient_importance(head_ablation.gate_gradient_importance).passed

@@ -66,6 +66,20 @@ def ablated(attn: MultiHeadAttention, removed: Iterable[int]):
         yield attn
 
 
+def gate_gradient_importance(loss_fn: Callable[[torch.Tensor], torch.Tensor], batch_size: int, num_heads: int):
+    """Michel et al. (2019)'s head importance, E_x |∂L(x)/∂ξ_h| at ξ = 1: (h,).
+
+    ``loss_fn(gates)`` takes gates (batch_size, num_heads), one per sequence and head (see
+    :func:`gated`), and returns the (batch_size,) per-sequence losses. Sequence b's loss depends
+    only on row b of the gates, so one backward pass through the sum gives every sequence's own
+    derivatives; their absolute values are averaged over the sequences.
+    """
+    gates = torch.ones(batch_size, num_heads, dtype=torch.float64, requires_grad=True)
+    with torch.enable_grad():
+        (grad,) = torch.autograd.grad(loss_fn(gates).sum(), gates)  # (B, h): ∂ loss_b / ∂ξ_{b,h}
+    return grad.abs().mean(dim=0)  # (h,)
+
+
 def attention_mass(weights: torch.Tensor, target_pos: torch.Tensor, query_pos: torch.Tensor) -> torch.Tensor:
     """Mean attention each head puts on a relation's target, over queries and sequences.
 

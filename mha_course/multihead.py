@@ -16,38 +16,9 @@ from . import validation
 from .attention import attention_weights, scaled_dot_product_attention
 from .heads import merge_heads, split_heads
 
-
-def _check_inputs(module, query, key, value):
-    """Default key/value to query (self-attention) and validate the three inputs."""
-    key = query if key is None else key
-    value = key if value is None else value
-    for name, t, width in (
-        ("query", query, module.d_model),
-        ("key", key, module.kdim),
-        ("value", value, module.vdim),
-    ):
-        validation.tensor(name, t, dims=3, floating=True)
-        validation.same_dtype(name, t, module.out_proj.weight)
-        if t.shape[-1] != width:
-            raise ValueError(f"{name} must have last dim {width}, got shape {tuple(t.shape)} (B, L, {width})")
-    if key.shape[:2] != value.shape[:2]:
-        raise ValueError(f"key and value must share (B, Lk), got {tuple(key.shape)} and {tuple(value.shape)}")
-    if query.shape[0] != key.shape[0]:
-        raise ValueError(f"query and key must share the batch size B, got {query.shape[0]} and {key.shape[0]}")
-    return key, value
-
-
-def _check_mask(mask, B, h, Lq, Lk):
-    """A mask for multi-head attention: bool, 2-D (Lq, Lk) or 4-D broadcastable to (B, h, Lq, Lk)."""
-    if mask is None:
-        return None
-    validation.tensor("mask", mask)
-    if mask.dim() not in (2, 4):
-        raise ValueError(
-            f"mask must be 2-D (Lq, Lk) or 4-D (B, h, Lq, Lk) with 1s to broadcast, got shape "
-            f"{tuple(mask.shape)}; for a (B, Lq, Lk) mask use mask[:, None] to add the head dim"
-        )
-    return validation.bool_mask(mask, (B, h, Lq, Lk))
+#: the argument checks LoopedMultiHeadAttention.forward runs first (as MultiHeadAttention.forward)
+_check_inputs = validation.mha_inputs
+_check_mask = validation.mha_mask
 
 
 class LoopedMultiHeadAttention(nn.Module):
@@ -154,9 +125,9 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
 
     def forward(self, query, key=None, value=None, *, mask=None, need_weights=True):
-        key, value = _check_inputs(self, query, key, value)
+        key, value = validation.mha_inputs(self, query, key, value)  # key, value default to query
         B, Lq, Lk, h = query.shape[0], query.shape[1], key.shape[1], self.num_heads
-        mask = _check_mask(mask, B, h, Lq, Lk)  # checked once here, used as it is below
+        mask = validation.mha_mask(mask, B, h, Lq, Lk)  # checked once here, used as it is below
         q = split_heads(self.q_proj(query), h)  # (B, Lq, d_model) -> (B, h, Lq, d_head)
         k = split_heads(self.k_proj(key), h)  # (B, Lk, kdim) -> (B, h, Lk, d_head)
         v = split_heads(self.v_proj(value), h)  # (B, Lk, vdim) -> (B, h, Lk, d_head)

@@ -8,8 +8,6 @@ they show exactly what ``view``/``transpose`` do to memory, not a formula about 
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 
 import matplotlib.pyplot as plt
@@ -19,6 +17,7 @@ from matplotlib.ticker import MaxNLocator
 
 from .. import validation
 from ..heads import split_heads
+from ..kit.timing import median_times  # noqa: F401  (its old home: notebooks 04 and 06 import it from here)
 
 #: aten kernels that show how attention was computed (see :func:`kernels_called`)
 ATTENTION_KERNELS = (
@@ -151,29 +150,3 @@ def kernels_called(fn: Callable[[], object], *, keep: tuple[str, ...] | None = A
     with _Log():
         fn()
     return [n for n in names if keep is None or n in keep]
-
-
-def median_times(
-    fns: dict[str, Callable[[], object]], *, repeats: int = 5, warmup: int = 1, num_threads: int | None = None
-) -> dict[str, float]:
-    """Median wall time in seconds of each ``fns[name]()``, timed round-robin (one call of each
-    per round, after ``warmup`` untimed rounds) so that a change in machine load hits all alike.
-    ``num_threads`` sets torch's intra-op threads for the measurement (restored afterwards).
-    Compare the results as ratios from one run, never as absolute numbers."""
-    validation.positive_int("repeats", repeats)
-    previous = torch.get_num_threads()
-    if num_threads is not None:
-        torch.set_num_threads(validation.positive_int("num_threads", num_threads))
-    try:
-        for _ in range(warmup):
-            for fn in fns.values():
-                fn()
-        times: dict[str, list[float]] = {name: [] for name in fns}
-        for _ in range(repeats):
-            for name, fn in fns.items():
-                start = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - start)
-    finally:
-        torch.set_num_threads(previous)
-    return {name: statistics.median(ts) for name, ts in times.items()}

@@ -22,7 +22,7 @@ from .masks import causal_mask, padding_mask
 from .per_head import multi_head_attention_per_head
 from .pretrained import previous_token_score
 from .specialize import ablate_heads
-from .tiled import online_softmax_update
+from .tiled import online_softmax_update, tiled_attention
 
 #: every checker: ``mc.check.<name>(fn) -> CheckResult``
 CHECKERS = {
@@ -43,6 +43,7 @@ CHECKERS = {
         ablate_heads,
         previous_token_score,
         online_softmax_update,
+        tiled_attention,
         attention_entropy,
     )
 }

@@ -69,11 +69,11 @@ def tiled_attention(q, k, v, mask=None, *, scale=None, block_size: int = 64):
         row_sum = qi.new_zeros((*qi.shape[:-1], 1))  # (..., bq, 1)
         acc = qi.new_zeros((*qi.shape[:-1], v.shape[-1]))  # (..., bq, d_v)
         for j in range(0, Lk, block_size):
+            tile = None if mask is None else mask[..., i : i + block_size, j : j + block_size]
+            if tile is not None and not tile.is_meta and not tile.any():
+                continue  # nothing to attend to in this tile: skip its work entirely, scores included
             s = qi @ k[..., j : j + block_size, :].transpose(-2, -1)  # (..., bq, bk): the only scores held
-            if mask is not None:
-                tile = mask[..., i : i + block_size, j : j + block_size]
-                if not tile.is_meta and not tile.any():
-                    continue  # nothing to attend to in this tile: skip its work entirely
+            if tile is not None:
                 s = s.masked_fill(~tile, NEG_INF)
             row_max, row_sum, acc = online_softmax_update(row_max, row_sum, acc, s, v[..., j : j + block_size, :])
         # row_sum = 0 only in a row with no allowed key (else its max adds e⁰ = 1): output 0 there

@@ -327,3 +327,24 @@ def test_tiled_loop_checker_reports_not_attempted():
         raise NotImplementedError
 
     assert mc.check.tiled_attention(todo).status == "not attempted"
+
+
+@torch.no_grad()
+def test_what_notebook_09_prints_about_sdpa_holds_on_this_torch():
+    """Notebook 09 prints version-robust facts instead of exact kernel bytes (the math backend's peak
+    was 40.5 MiB on torch 2.13 and 56.5 MiB on 2.5 for the same call): the math backend holds more
+    than two score matrices, the flash kernel under a fifth of one (0.07 on 2.13, 0.099 on 2.5.1),
+    and an explicit attn_mask costs one float L × L mask. Checked on whichever torch runs the tests."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    B, h, L, d = 1, 4, 1024, 32
+    q, k, v = (torch.randn(B, h, L, d) for _ in range(3))
+    scores = B * h * L * L * 4
+    causal = functools.partial(F.scaled_dot_product_attention, q, k, v, is_causal=True)
+    with sdpa_kernel(SDPBackend.MATH):
+        assert peak_memory(causal) > 2 * scores
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        assert peak_memory(causal) < scores / 5
+    masked = functools.partial(F.scaled_dot_product_attention, q, k, v, attn_mask=mc.causal_mask(L))
+    extra = (peak_memory(masked) - peak_memory(causal)) / (L * L * 4)
+    assert round(extra, 1) == 1.0

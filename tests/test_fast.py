@@ -166,3 +166,12 @@ def test_errors_are_those_of_multi_head_attention():
         FastMultiHeadAttention.from_module(mc.MultiHeadAttention(8, 2, kdim=5))
     with pytest.raises(TypeError, match="mha_course.MultiHeadAttention"):
         FastMultiHeadAttention.from_module(torch.nn.MultiheadAttention(8, 2))
+
+
+def test_the_library_modules_of_notebook_09_import_no_plotting():
+    import subprocess
+    import sys
+
+    code = "import sys, mha_course.tiled, mha_course.fast; assert 'matplotlib' not in sys.modules"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr

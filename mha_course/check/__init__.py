@@ -26,7 +26,7 @@ from .per_head import multi_head_attention_per_head
 from .positions import apply_rope, rope_step
 from .pretrained import previous_token_score
 from .specialize import ablate_heads
-from .tiled import online_softmax_update
+from .tiled import online_softmax_update, tiled_attention
 from .torch_masks import to_torch_masks
 
 #: every checker: ``mc.check.<name>(fn) -> CheckResult``
@@ -51,6 +51,7 @@ CHECKERS = {
         ablate_heads,
         previous_token_score,
         online_softmax_update,
+        tiled_attention,
         attention_entropy,
         apply_rope,
         rope_step,

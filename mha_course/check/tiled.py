@@ -12,7 +12,7 @@ from ..attention import scaled_dot_product_attention as _full_attention
 from ..kit.memory import peak_memory
 from ..tiled import online_softmax_update as _reference
 from ..tiled import tiled_attention as _tiled_reference
-from .framework import Case, CheckResult, Mistake, run_check, tensor_generator
+from .framework import Case, CheckResult, mistakes, run_check, tensor_generator
 
 __all__ = ["online_softmax_update", "tiled_attention"]
 
@@ -99,54 +99,19 @@ def _cases():
     return cases
 
 
-ONLINE_SOFTMAX_UPDATE_MISTAKES = [
-    Mistake(
-        "acc not rescaled",
-        lambda *a: _variant(*a, rescale_acc=False),
-        "acc was not rescaled: multiply the old acc by exp(m - m_new) before adding this block's p @ v "
-        "(it was summed relative to the old max)",
-    ),
-    Mistake(
-        "row_sum not rescaled",
-        lambda *a: _variant(*a, rescale_sum=False),
-        "row_sum was not rescaled: multiply the old row_sum by exp(m - m_new) before adding this block's sum",
-    ),
-    Mistake(
-        "nothing rescaled",
-        lambda *a: _variant(*a, rescale_sum=False, rescale_acc=False),
-        "neither row_sum nor acc was rescaled: both were summed relative to the old max, so multiply both "
-        "by exp(m - m_new) when the max changes",
-    ),
-    Mistake(
-        "inverted rescale",
-        lambda *a: _variant(*a, sign=-1),
-        "the rescaling factor is inverted: use exp(m - m_new) (≤ 1, it shrinks the old terms), not exp(m_new - m)",
-    ),
-    Mistake(
-        "block max only",
-        lambda *a: _variant(*a, block_max_only=True),
-        "the new max must be the larger of the running max and this block's max "
-        "(torch.maximum(row_max, scores.amax(-1, keepdim=True))), not this block's max alone",
-    ),
-    Mistake(
-        "normalised",
-        lambda *a: _variant(*a, normalise=True),
-        "acc is divided by row_sum: keep acc unnormalised (a running sum) and divide by row_sum "
-        "once, after the last block",
-    ),
-    Mistake(
-        "no max subtracted",
-        lambda *a: _variant(*a, subtract_max=False),
-        "the scores were exponentiated without subtracting the max: use exp(scores - m_new), and "
-        "rescale the old row_sum and acc by exp(m - m_new) — that is what keeps exp from overflowing",
-    ),
-    Mistake(
-        "no -inf guard",
-        lambda *a: _variant(*a, guard=False),
-        "NaN for a row whose scores are all -inf so far: there m_new = -inf and exp(-inf - (-inf)) "
-        "is NaN; subtract 0 instead of m_new in such rows (m_new.masked_fill(m_new == -inf, 0))",
-    ),
-]
+ONLINE_SOFTMAX_UPDATE_MISTAKES = mistakes(
+    "online_softmax_update",
+    {
+        "acc not rescaled": lambda *a: _variant(*a, rescale_acc=False),
+        "row_sum not rescaled": lambda *a: _variant(*a, rescale_sum=False),
+        "nothing rescaled": lambda *a: _variant(*a, rescale_sum=False, rescale_acc=False),
+        "inverted rescale": lambda *a: _variant(*a, sign=-1),
+        "block max only": lambda *a: _variant(*a, block_max_only=True),
+        "normalised": lambda *a: _variant(*a, normalise=True),
+        "no max subtracted": lambda *a: _variant(*a, subtract_max=False),
+        "no -inf guard": lambda *a: _variant(*a, guard=False),
+    },
+)
 
 
 def online_softmax_update(fn):
@@ -243,54 +208,20 @@ def _tiled_cases():
     ]
 
 
-TILED_ATTENTION_MISTAKES = [
-    Mistake(
-        "no scale",
-        lambda *a, **kw: _tiled_variant(*a, **kw, scaled=False),
-        "the scores are not scaled: multiply them (or the queries) by 1/√d_k, with d_k = q.shape[-1]",
-    ),
-    *(
-        Mistake(
-            name,
-            lambda *a, _which=which, **kw: _tiled_variant(*a, **kw, drop_last=_which),
-            "the last, shorter block is skipped when the block size does not divide the length: step through "
-            "range(0, L, block_size) and let the last slice be shorter",
-        )
-        for name, which in [
-            ("last block dropped", "both"),
-            ("last key block dropped", "keys"),
-            ("last query block dropped", "queries"),
-        ]
-    ),
-    Mistake(
-        "mask ignored",
-        lambda *a, **kw: _tiled_variant(*a, **kw, mask_mode="ignored"),
-        "the mask is not applied: in each tile, set the scores of blocked keys (mask False) to -inf",
-    ),
-    Mistake(
-        "mask inverted",
-        lambda *a, **kw: _tiled_variant(*a, **kw, mask_mode="inverted"),
-        "the mask is inverted: True means the query MAY attend, so the -inf goes where the mask is False",
-    ),
-    Mistake(
-        "per-tile softmax",
-        lambda *a, **kw: _tiled_variant(*a, **kw, per_tile_softmax=True),
-        "each tile is normalised on its own: a softmax over one block of keys is not the softmax over all "
-        "keys — carry the running max, sum and unnormalised output across blocks, divide once at the end",
-    ),
-    Mistake(
-        "NaN for a row with no allowed key",
-        lambda *a, **kw: _tiled_variant(*a, **kw, guard=False),
-        "a query row with no allowed key gives NaN (0 / 0): its output must be 0 — its running sum is 0, "
-        "so test for that before dividing",
-    ),
-    Mistake(
-        "materialises the score matrix",
-        lambda q, k, v, mask=None, **kw: _full_attention(q, k, v, mask)[0],
-        "right values, but the whole (Lq, Lk) score matrix was held in memory at once: compute one "
-        "(block × block) tile of scores at a time, fold it into the running state and let it go",
-    ),
-]
+TILED_ATTENTION_MISTAKES = mistakes(
+    "tiled_attention",
+    {
+        "no scale": lambda *a, **kw: _tiled_variant(*a, **kw, scaled=False),
+        "last block dropped": lambda *a, **kw: _tiled_variant(*a, **kw, drop_last="both"),
+        "last key block dropped": lambda *a, **kw: _tiled_variant(*a, **kw, drop_last="keys"),
+        "last query block dropped": lambda *a, **kw: _tiled_variant(*a, **kw, drop_last="queries"),
+        "mask ignored": lambda *a, **kw: _tiled_variant(*a, **kw, mask_mode="ignored"),
+        "mask inverted": lambda *a, **kw: _tiled_variant(*a, **kw, mask_mode="inverted"),
+        "per-tile softmax": lambda *a, **kw: _tiled_variant(*a, **kw, per_tile_softmax=True),
+        "NaN for a row with no allowed key": lambda *a, **kw: _tiled_variant(*a, **kw, guard=False),
+        "materialises the score matrix": lambda q, k, v, mask=None, **kw: _full_attention(q, k, v, mask)[0],
+    },
+)
 
 #: the memory probe: one sequence long enough that its score matrix dwarfs a tile
 _PROBE_L, _PROBE_BLOCK, _PROBE_D = 256, 32, 8

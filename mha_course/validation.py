@@ -144,3 +144,14 @@ def mha_mask(mask, B, h, Lq, Lk):
             f"{tuple(mask.shape)}; for a (B, Lq, Lk) mask use mask[:, None] to add the head dim"
         )
     return bool_mask(mask, (B, h, Lq, Lk))
+
+
+def layer_input(x, weight: torch.Tensor, d_model: int, cache=None, cache_type: type | None = None) -> None:
+    """The input ``x`` (B, L, d_model) of an attention layer whose weights are ``weight``, and its
+    optional ``cache`` (an instance of ``cache_type``)."""
+    tensor("x", x, dims=3, floating=True)
+    same_dtype("x", x, weight)
+    if x.shape[-1] != d_model:
+        raise ValueError(f"x must have last dim d_model={d_model}, got shape {tuple(x.shape)}")
+    if cache is not None and cache_type is not None and not isinstance(cache, cache_type):
+        raise TypeError(f"cache must be a {cache_type.__name__} or None, got {type(cache).__name__}")

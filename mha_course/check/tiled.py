@@ -137,20 +137,14 @@ def online_softmax_update(fn):
 # tiled_attention(q, k, v, mask=None, *, block_size=64) -> out
 
 
-def _tiled_variant(
-    q,
-    k,
-    v,
-    mask=None,
-    *,
-    block_size=64,
-    scaled=True,
-    drop_last="",
-    mask_mode="allowed",
-    guard=True,
-    per_tile_softmax=False,
-):
-    """The tiled loop with one deliberate change (the reference when every flag is at its default)."""
+#: the flags of :func:`_tiled_variant` and their values in the correct loop
+_CORRECT_LOOP = {"scaled": True, "drop_last": "", "mask_mode": "allowed", "guard": True, "per_tile_softmax": False}
+
+
+def _tiled_variant(q, k, v, mask=None, *, block_size=64, **change):
+    """The tiled loop with one deliberate ``change`` of the flags in ``_CORRECT_LOOP`` (none: the reference)."""
+    flags = {**_CORRECT_LOOP, **change}
+    scaled, drop_last, mask_mode, guard, per_tile_softmax = (flags[name] for name in _CORRECT_LOOP)
     *batch, Lq, Lk = validation.attention_inputs(q, k, v, mask)  # the shape of the scores
     scale = 1.0 / math.sqrt(q.shape[-1]) if scaled else 1.0
     if mask is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from .accounting import count_attention_params, kv_cache_bytes
 from .address_book import address_book_query
 from .attention import multi_head_attention, scaled_dot_product_attention
+from .demo import normalize_rows
 from .diagnostics import attention_entropy
 from .framework import CheckResult
 from .gqa import repeat_kv
@@ -44,6 +45,7 @@ CHECKERS = {
         previous_token_score,
         online_softmax_update,
         attention_entropy,
+        normalize_rows,
     )
 }
 

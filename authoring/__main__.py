@@ -1,9 +1,9 @@
 """Repository tools (run from the checkout's root): ``python -m authoring COMMAND ...``.
 
-    sync [NOTEBOOK ...]              Colab badges, setup cells, README's generated blocks
-    execute [NOTEBOOK ...]           re-execute notebooks in place, as the tests run them
-    student-edition OUT_DIR [--check]  build (or check) the student edition
-    emulate [SETTING ...]            strict nbval as on other CPUs (see authoring/emulate.py)
+sync [NOTEBOOK ...]              Colab badges, setup cells, README's generated blocks
+execute [NOTEBOOK ...]           re-execute notebooks in place, as the tests run them
+student-edition OUT_DIR [--check]  build (or check) the student edition
+emulate [SETTING ...]            strict nbval as on other CPUs (see authoring/emulate.py)
 """
 
 import sys

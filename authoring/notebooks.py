@@ -136,7 +136,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _replace_block(text: str, name: str, body: str) -> str:
+def replace_block(text: str, name: str, body: str) -> str:
     start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
     if start not in text or end not in text:
         raise ValueError(f"README.md lacks the markers {start} … {end}")
@@ -155,8 +155,8 @@ def readme_text() -> str:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     base = f"https://colab.research.google.com/github/{owner}/{repo}/blob/main/"
     course_map = course_map_markdown(colab_base=base, existing=existing, student=student)
-    text = _replace_block(text, "course-map", course_map)
-    return _replace_block(text, "glossary", glossary_markdown())
+    text = replace_block(text, "course-map", course_map)
+    return replace_block(text, "glossary", glossary_markdown())
 
 
 def sync_readme() -> bool:

@@ -17,8 +17,9 @@ The package has three layers, one folder each (``ls`` shows them):
     accounting  count_attention_params, attention_flops, kv_cache_bytes
     configs     MODEL_CONFIGS (name -> ModelConfig)
     validation  the argument checks every public function runs first
-* ``kit/`` — what every notebook uses: setup, plotting, widgets, quiz, verify (loaded on first use,
-  so ``import mha_course`` does not import matplotlib or ipywidgets)
+* ``kit/`` — what every notebook uses: setup, plotting, widgets, quiz, verify, hint (the exercises'
+  hint ladders), predict ("predict, then run"); plotting, widgets, quiz and verify load on first
+  use, so ``import mha_course`` does not import matplotlib or ipywidgets
 * ``lessons/`` — the helpers of one notebook each (see ``mha_course.lessons``)
 * ``check/`` — the exercise checkers: ``mc.check.<exercise>(fn) -> CheckResult``
 """
@@ -30,6 +31,8 @@ from .attention import scaled_dot_product_attention
 from .configs import MODEL_CONFIGS, ModelConfig
 from .gqa import GroupedQueryAttention, KVCache, repeat_kv
 from .heads import merge_heads, split_heads
+from .kit.hint_ladder import hint
+from .kit.predict import predict
 from .kit.setup import environment_report, setup
 from .masks import causal_mask, padding_mask, sliding_window_mask
 from .multihead import LoopedMultiHeadAttention, MultiHeadAttention
@@ -78,4 +81,6 @@ __all__ = [
     "ModelConfig",
     "setup",
     "environment_report",
+    "hint",
+    "predict",
 ]

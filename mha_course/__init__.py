@@ -33,7 +33,7 @@ from .gqa import GroupedQueryAttention, KVCache, repeat_kv
 from .heads import merge_heads, split_heads
 from .kit.hint_ladder import hint
 from .kit.predict import predict
-from .kit.setup import environment_report, setup
+from .kit.setup import device, environment_report, setup
 from .masks import causal_mask, padding_mask, sliding_window_mask
 from .multihead import LoopedMultiHeadAttention, MultiHeadAttention
 
@@ -83,4 +83,5 @@ __all__ = [
     "environment_report",
     "hint",
     "predict",
+    "device",
 ]

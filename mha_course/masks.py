@@ -48,7 +48,7 @@ def padding_mask(lengths, max_len: int):
     validation.tensor("lengths", lengths, dims=1)
     if lengths.is_floating_point() or lengths.dtype == torch.bool:
         raise TypeError(f"lengths must hold integers, got {lengths.dtype}")
-    if len(lengths) and (lengths.min() < 0 or lengths.max() > max_len):
+    if len(lengths) and not lengths.is_meta and (lengths.min() < 0 or lengths.max() > max_len):
         raise ValueError(f"lengths must lie in [0, max_len={max_len}], got {lengths.tolist()}")
     positions = torch.arange(max_len, device=lengths.device)
     return (positions[None, :] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, max_len)

@@ -72,7 +72,7 @@ def tiled_attention(q, k, v, mask=None, *, scale=None, block_size: int = 64):
             s = qi @ k[..., j : j + block_size, :].transpose(-2, -1)  # (..., bq, bk): the only scores held
             if mask is not None:
                 tile = mask[..., i : i + block_size, j : j + block_size]
-                if not tile.any():
+                if not tile.is_meta and not tile.any():
                     continue  # nothing to attend to in this tile: skip its work entirely
                 s = s.masked_fill(~tile, NEG_INF)
             row_max, row_sum, acc = online_softmax_update(row_max, row_sum, acc, s, v[..., j : j + block_size, :])

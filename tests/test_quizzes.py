@@ -182,5 +182,5 @@ def test_validate_names_each_problem(spoil, words):
 
 
 def test_load_rejects_an_unknown_notebook():
-    with pytest.raises(ValueError, match="no quiz for notebook '99'"):
+    with pytest.raises(ValueError, match="nothing for notebook '99' in quizzes"):
         quiz.load("99")

@@ -12,8 +12,7 @@ points at the checker, whose message names the likely mistake once there is code
 
 from __future__ import annotations
 
-import json
-from importlib import resources
+from . import course_data
 
 RUNG_NAMES = ("the idea", "the approach", "nearly code")
 _shown: dict[str, int] = {}  # exercise -> rungs already printed in this session
@@ -29,15 +28,7 @@ def _key(exercise) -> tuple[str, str]:
 
 def load(notebook: str) -> dict:
     """The ladders of notebook ``notebook`` ("05"): exercise number -> {"function", "ladder"}."""
-    try:
-        text = resources.files("mha_course.kit.hints").joinpath(f"{notebook}.json").read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return {}
-    ladders = json.loads(text)
-    problems = validate(ladders)
-    if problems:
-        raise ValueError(f"hints {notebook}.json are invalid: " + "; ".join(problems))
-    return ladders
+    return course_data.read("hints", notebook, validate, missing_ok=True)
 
 
 def validate(ladders: dict) -> list[str]:

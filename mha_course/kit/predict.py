@@ -13,24 +13,14 @@ answer: the next cell's output does, and a learner compares it with what they re
 
 from __future__ import annotations
 
-import json
-from importlib import resources
+from . import course_data
 
 _recorded: dict[tuple[str, str], object] = {}
 
 
 def load(notebook: str) -> dict:
     """The prediction questions of notebook ``notebook`` ("01"), validated."""
-    key = notebook.split("_")[0]
-    try:
-        text = resources.files("mha_course.kit.predictions").joinpath(f"{key}.json").read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ValueError(f"no predictions for notebook {notebook!r} (mha_course/kit/predictions/{key}.json)") from None
-    questions = json.loads(text)
-    problems = validate(questions)
-    if problems:
-        raise ValueError(f"predictions {key}.json are invalid: " + "; ".join(problems))
-    return questions
+    return course_data.read("predictions", notebook, validate)
 
 
 def validate(questions: dict) -> list[str]:

@@ -4,8 +4,9 @@
     python3 course.py lab [--cpu-torch] [JUPYTER ARGS]   install into .venv/ and open the course in JupyterLab
     python3 course.py test [--cpu-torch] [PYTEST ARGS]   install into .venv/ and run the whole test suite
     python3 course.py test --fast [PYTEST ARGS]          unit and checker tests only (no notebooks, browser, pip)
+    python3 course.py site [--cpu-torch] [OUT]           also the website's tools (an extra); build _site/
 
-Both create the virtual environment .venv/ next to this file on first use and (re)install the
+All three create the virtual environment .venv/ next to this file on first use and (re)install the
 requirements whenever requirements.txt or pyproject.toml change. Extra arguments go to JupyterLab
 (e.g. `python3 course.py lab --no-browser` on a remote machine) or to pytest (e.g.
 `python3 course.py test -k masks`).
@@ -74,6 +75,18 @@ def ensure_environment(*, cpu_torch: bool = False) -> None:
     STAMP.write_text(digest)
 
 
+def ensure_site_tools() -> None:
+    """The optional `site` extra of pyproject.toml (Sphinx, MyST-NB ...), only for `site`."""
+    stamp = VENV / ".mha-course-site-installed"
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if stamp.exists() and stamp.read_text() == digest:
+        return
+    print("installing the course website's tools (the `site` extra) into .venv/ ...", flush=True)
+    pip = [str(PY), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    subprocess.check_call(pip + ["-e", f"{ROOT}[site]"], cwd=ROOT)
+    stamp.write_text(digest)
+
+
 def run_forwarding_signals(cmd: list[str], env: dict) -> int:
     """Run cmd; SIGINT and SIGTERM sent to this script are passed on to it, and its exit code is ours."""
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
@@ -92,7 +105,7 @@ def run_forwarding_signals(cmd: list[str], env: dict) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("lab", "test"):
+    if not argv or argv[0] not in ("lab", "test", "site"):
         print(__doc__)
         return 2
     command, rest = argv[0], argv[1:]
@@ -105,6 +118,9 @@ def main(argv: list[str]) -> int:
         cmd = [str(PY), "-m", "jupyter", "lab", str(ROOT / "notebooks" / "00_setup_check.ipynb"), *rest]
         if hasattr(os, "geteuid") and os.geteuid() == 0:  # containers and workshop VMs often run as root
             cmd.append("--allow-root")
+    elif command == "site":
+        ensure_site_tools()
+        cmd = [str(PY), "-m", "authoring.site", *rest]
     else:
         cmd = [str(PY), "-m", "pytest", *(FAST if fast else []), *rest]
     return run_forwarding_signals(cmd, env)

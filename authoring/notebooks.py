@@ -154,7 +154,7 @@ def readme_text() -> str:
     student = {p.stem for p in (NOTEBOOKS / "student").glob("[0-9][0-9]_*.ipynb")}  # the student edition
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     base = f"https://colab.research.google.com/github/{owner}/{repo}/blob/main/"
-    course_map = course_map_markdown(colab_base=base, existing=existing, student=student)
+    course_map = course_map_markdown(colab_base=base, existing=existing, student=student, folder="notebooks/")
     text = replace_block(text, "course-map", course_map)
     return replace_block(text, "glossary", glossary_markdown())
 

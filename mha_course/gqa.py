@@ -93,9 +93,12 @@ class GroupedQueryAttention(nn.Module):
     k_proj and v_proj (d_model -> h_kv*head_dim), o_proj (h*head_dim -> d_model).
     ``head_dim`` defaults to d_model // num_heads.
 
-    ``forward(x, *, mask=None, cache=None, is_causal=False, need_weights=True)``:
+    ``forward(x, *, mask=None, cache=None, is_causal=False, need_weights=True, rope=None)``:
         x (B, L, d_model) — with a ``KVCache``, only the new positions; their K/V are appended
         to the cache and the queries attend to every cached position.
+        rope: a :class:`~mha_course.positions.RotaryEmbedding` (or any ``rope(x, start)``): q and
+        k are rotated at their absolute positions, starting at the cache length, *before* the
+        keys are cached (the cache holds rotated keys, as in Llama).
         mask: bool, True = may attend, 2-D (L, L_total) or 4-D broadcastable to (B, h, L, L_total).
         is_causal: AND a bottom-right aligned :func:`causal_mask` (L, L_total) into the mask.
         Returns out (B, L, d_model) and weights (B, h, L, L_total) or None.
@@ -114,7 +117,14 @@ class GroupedQueryAttention(nn.Module):
         self.o_proj = nn.Linear(num_heads * self.head_dim, d_model, bias=bias)
 
     def forward(
-        self, x, *, mask=None, cache: KVCache | None = None, is_causal: bool = False, need_weights: bool = True
+        self,
+        x,
+        *,
+        mask=None,
+        cache: KVCache | None = None,
+        is_causal: bool = False,
+        need_weights: bool = True,
+        rope=None,
     ):
         validation.tensor("x", x, dims=3, floating=True)
         validation.same_dtype("x", x, self.q_proj.weight)
@@ -126,6 +136,9 @@ class GroupedQueryAttention(nn.Module):
         q = self.q_proj(x).view(B, L, self.num_heads, self.head_dim).transpose(1, 2)  # (B, h, L, hd)
         k = self.k_proj(x).view(B, L, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, h_kv, L, hd)
         v = self.v_proj(x).view(B, L, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, h_kv, L, hd)
+        if rope is not None:  # rotate at the absolute positions: the new rows follow the cached ones
+            start = 0 if cache is None else cache.length
+            q, k = rope(q, start), rope(k, start)
         if cache is not None:
             k, v = cache.update(k, v)  # (B, h_kv, L_total, hd)
         L_total = k.shape[2]

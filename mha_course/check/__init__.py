@@ -13,6 +13,7 @@ from __future__ import annotations
 from .accounting import count_attention_params, kv_cache_bytes
 from .address_book import address_book_query
 from .attention import multi_head_attention, scaled_dot_product_attention
+from .cache_schemes import gather_blocks, mla_cache_bytes, sink_window_update
 from .demo import normalize_rows
 from .diagnostics import attention_entropy
 from .framework import CheckResult
@@ -21,6 +22,7 @@ from .head_budget import attention_flops_split
 from .heads import merge_heads, split_heads
 from .masks import causal_mask, padding_mask
 from .per_head import multi_head_attention_per_head
+from .positions import apply_rope, rope_step
 from .pretrained import previous_token_score
 from .specialize import ablate_heads
 from .tiled import online_softmax_update
@@ -45,6 +47,11 @@ CHECKERS = {
         previous_token_score,
         online_softmax_update,
         attention_entropy,
+        apply_rope,
+        rope_step,
+        mla_cache_bytes,
+        sink_window_update,
+        gather_blocks,
         normalize_rows,
     )
 }

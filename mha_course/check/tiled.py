@@ -92,6 +92,56 @@ def _cases():
     return cases
 
 
+ONLINE_SOFTMAX_UPDATE_MISTAKES = [
+    Mistake(
+        "acc not rescaled",
+        lambda *a: _variant(*a, rescale_acc=False),
+        "acc was not rescaled: multiply the old acc by exp(m - m_new) before adding this block's p @ v "
+        "(it was summed relative to the old max)",
+    ),
+    Mistake(
+        "row_sum not rescaled",
+        lambda *a: _variant(*a, rescale_sum=False),
+        "row_sum was not rescaled: multiply the old row_sum by exp(m - m_new) before adding this block's sum",
+    ),
+    Mistake(
+        "nothing rescaled",
+        lambda *a: _variant(*a, rescale_sum=False, rescale_acc=False),
+        "neither row_sum nor acc was rescaled: both were summed relative to the old max, so multiply both "
+        "by exp(m - m_new) when the max changes",
+    ),
+    Mistake(
+        "inverted rescale",
+        lambda *a: _variant(*a, sign=-1),
+        "the rescaling factor is inverted: use exp(m - m_new) (≤ 1, it shrinks the old terms), not exp(m_new - m)",
+    ),
+    Mistake(
+        "block max only",
+        lambda *a: _variant(*a, block_max_only=True),
+        "the new max must be the larger of the running max and this block's max "
+        "(torch.maximum(row_max, scores.amax(-1, keepdim=True))), not this block's max alone",
+    ),
+    Mistake(
+        "normalised",
+        lambda *a: _variant(*a, normalise=True),
+        "acc is divided by row_sum: keep acc unnormalised (a running sum) and divide by row_sum "
+        "once, after the last block",
+    ),
+    Mistake(
+        "no max subtracted",
+        lambda *a: _variant(*a, subtract_max=False),
+        "the scores were exponentiated without subtracting the max: use exp(scores - m_new), and "
+        "rescale the old row_sum and acc by exp(m - m_new) — that is what keeps exp from overflowing",
+    ),
+    Mistake(
+        "no -inf guard",
+        lambda *a: _variant(*a, guard=False),
+        "NaN for a row whose scores are all -inf so far: there m_new = -inf and exp(-inf - (-inf)) "
+        "is NaN; subtract 0 instead of m_new in such rows (m_new.masked_fill(m_new == -inf, 0))",
+    ),
+]
+
+
 def online_softmax_update(fn):
     """Check ``fn(row_max, row_sum, acc, scores, v) -> (row_max, row_sum, acc)`` updated.
 
@@ -100,60 +150,12 @@ def online_softmax_update(fn):
     (-inf where masked); v: (..., Bk, d_v). A row with only -inf so far must keep m = -inf,
     ℓ = 0, acc = 0 (no NaN).
     """
-    mistakes = [
-        Mistake(
-            "acc not rescaled",
-            lambda *a: _variant(*a, rescale_acc=False),
-            "acc was not rescaled: multiply the old acc by exp(m - m_new) before adding this block's p @ v "
-            "(it was summed relative to the old max)",
-        ),
-        Mistake(
-            "row_sum not rescaled",
-            lambda *a: _variant(*a, rescale_sum=False),
-            "row_sum was not rescaled: multiply the old row_sum by exp(m - m_new) before adding this block's sum",
-        ),
-        Mistake(
-            "nothing rescaled",
-            lambda *a: _variant(*a, rescale_sum=False, rescale_acc=False),
-            "neither row_sum nor acc was rescaled: both were summed relative to the old max, so multiply both "
-            "by exp(m - m_new) when the max changes",
-        ),
-        Mistake(
-            "inverted rescale",
-            lambda *a: _variant(*a, sign=-1),
-            "the rescaling factor is inverted: use exp(m - m_new) (≤ 1, it shrinks the old terms), not exp(m_new - m)",
-        ),
-        Mistake(
-            "block max only",
-            lambda *a: _variant(*a, block_max_only=True),
-            "the new max must be the larger of the running max and this block's max "
-            "(torch.maximum(row_max, scores.amax(-1, keepdim=True))), not this block's max alone",
-        ),
-        Mistake(
-            "normalised",
-            lambda *a: _variant(*a, normalise=True),
-            "acc is divided by row_sum: keep acc unnormalised (a running sum) and divide by row_sum "
-            "once, after the last block",
-        ),
-        Mistake(
-            "no max subtracted",
-            lambda *a: _variant(*a, subtract_max=False),
-            "the scores were exponentiated without subtracting the max: use exp(scores - m_new), and "
-            "rescale the old row_sum and acc by exp(m - m_new) — that is what keeps exp from overflowing",
-        ),
-        Mistake(
-            "no -inf guard",
-            lambda *a: _variant(*a, guard=False),
-            "NaN for a row whose scores are all -inf so far: there m_new = -inf and exp(-inf - (-inf)) "
-            "is NaN; subtract 0 instead of m_new in such rows (m_new.masked_fill(m_new == -inf, 0))",
-        ),
-    ]
     return run_check(
         "online_softmax_update",
         fn,
         _cases(),
         reference=_reference,
-        mistakes=mistakes,
+        mistakes=ONLINE_SOFTMAX_UPDATE_MISTAKES,
         arg_names=("row_max", "row_sum", "acc", "scores", "v"),
         output_names=("row_max", "row_sum", "acc"),
     )

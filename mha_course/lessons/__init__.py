@@ -16,5 +16,7 @@ pretrained         08        all-MiniLM-L6-v2 through the course's attention
 benchmark          09        ``python -m mha_course.lessons.benchmark``: the library against PyTorch
 diagnostics        10        per-head entropy, head similarity, NaN finder, causal leakage
 symptoms           10        the troubleshooting gallery: each symptom reproduced and fixed
+positions_lab      11        shift/order experiments per position scheme, RoPE decoding bugs, SmolLM2 loader
+beyond_gqa         12        cache-size tables, stacked windows, the tiny sink experiment, explorer
 =================  ========  ===========================================================
 """

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from . import validation
+from .accounting import tensor_bytes
 from .attention import scaled_dot_product_attention
 from .masks import causal_mask, sliding_window_mask
 
@@ -95,9 +96,7 @@ class SinkWindowCache:
 
     @property
     def nbytes(self) -> int:
-        if self.keys is None:
-            return 0
-        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+        return tensor_bytes(self.keys, self.values)
 
     def __repr__(self) -> str:
         kept = sorted(p for p in self.positions.tolist() if p >= 0)
@@ -249,4 +248,4 @@ class Int8KVCache:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for ts in self.parts.values() for t in ts)
+        return tensor_bytes(*(t for ts in self.parts.values() for t in ts))

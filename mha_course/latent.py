@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from . import validation
+from .accounting import tensor_bytes
 from .attention import scaled_dot_product_attention
 from .heads import merge_heads
 from .masks import causal_mask
@@ -92,9 +93,7 @@ class LatentCache:
 
     @property
     def nbytes(self) -> int:
-        if self.latents is None:
-            return 0
-        return sum(t.numel() * t.element_size() for t in (self.latents, self.rope_keys))
+        return tensor_bytes(self.latents, self.rope_keys)
 
     def __repr__(self) -> str:
         shapes = None if self.latents is None else (tuple(self.latents.shape), tuple(self.rope_keys.shape))

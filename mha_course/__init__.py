@@ -10,8 +10,10 @@ The package has three layers, one folder each (``ls`` shows them):
     attention   scaled_dot_product_attention(q, k, v, mask=None, *, scale=None) -> (out, weights)
     heads       split_heads(x, num_heads): (B, L, h*d_head) -> (B, h, L, d_head); merge_heads(x)
     multihead   LoopedMultiHeadAttention, MultiHeadAttention (.from_torch, .to_torch, .to_fused)
+    fast        FastMultiHeadAttention: the same function, tuned for speed (notebook 09)
     masks       causal_mask, sliding_window_mask, padding_mask
-    gqa         repeat_kv, GroupedQueryAttention, KVCache
+    gqa         repeat_kv, GroupedQueryAttention
+    kv_cache    KVCache (growing, or preallocated with max_length), write_kv
     tiled       tiled_attention, online_softmax_update (the FlashAttention idea)
     block       EncoderBlock, Encoder
     latent      MultiHeadLatentAttention (DeepSeek's MLA), LatentCache, mla_cache_bytes
@@ -37,11 +39,12 @@ from .attention import scaled_dot_product_attention
 from .cache_schemes import Int8KVCache, PagedKVCache, SinkWindowCache, sink_window_mask
 from .configs import MODEL_CONFIGS, ModelConfig
 from .decoder import DecoderConfig, LlamaDecoder, RMSNorm, SwiGLU, generate_greedy
-from .gqa import GroupedQueryAttention, KVCache, repeat_kv
+from .gqa import GroupedQueryAttention, repeat_kv
 from .heads import merge_heads, split_heads
 from .kit.hint_ladder import hint
 from .kit.predict import predict
 from .kit.setup import device, environment_report, setup
+from .kv_cache import KVCache
 from .latent import LatentCache, MultiHeadLatentAttention, mla_cache_bytes
 from .masks import causal_mask, padding_mask, sliding_window_mask
 from .multihead import LoopedMultiHeadAttention, MultiHeadAttention

@@ -1,4 +1,4 @@
-"""Grouped-query attention (GQA) and the KV cache.
+"""Grouped-query attention (GQA); its KV cache is :class:`~mha_course.kv_cache.KVCache`.
 
 num_kv_heads == num_heads is ordinary multi-head attention (MHA); num_kv_heads == 1 is
 multi-query attention (MQA); anything in between shares each K/V head among a group of
@@ -14,6 +14,7 @@ from torch import nn
 from . import validation
 from .attention import scaled_dot_product_attention
 from .heads import merge_heads
+from .kv_cache import KVCache
 from .masks import causal_mask
 from .multihead import MultiHeadAttention
 
@@ -31,59 +32,6 @@ def repeat_kv(x, n_rep: int):
         return x
     B, h_kv, L, d = x.shape
     return x[:, :, None].expand(B, h_kv, n_rep, L, d).reshape(B, h_kv * n_rep, L, d)  # (B, h, L, d)
-
-
-class KVCache:
-    """The keys and values of every position seen so far, for one attention layer.
-
-    ``update(k, v)`` appends the new positions' (B, h_kv, L_new, d_head) keys/values along the
-    length dim and returns the whole (B, h_kv, L, d_head) K and V. Inspect ``length``, ``nbytes``
-    (bytes held by K and V together), ``keys`` and ``values``.
-    """
-
-    def __init__(self):
-        self.keys: torch.Tensor | None = None
-        self.values: torch.Tensor | None = None
-
-    def update(self, k, v):
-        validation.tensor("k", k, dims=4)
-        validation.tensor("v", v, dims=4)
-        if k.shape[:3] != v.shape[:3]:
-            raise ValueError(f"k and v must share (B, h_kv, L_new), got {tuple(k.shape)} and {tuple(v.shape)}")
-        if self.keys is not None:
-            for name, new, cached in (("k", k, self.keys), ("v", v, self.values)):
-                if new.shape[:2] != cached.shape[:2] or new.shape[3] != cached.shape[3]:
-                    raise ValueError(
-                        f"new {name} {tuple(new.shape)} does not match the cached (B, h_kv, L, d_head) "
-                        f"{tuple(cached.shape)}"
-                    )
-                if new.dtype != cached.dtype or new.device != cached.device:
-                    raise TypeError(
-                        f"new {name} is {new.dtype} on {new.device}, but the cache holds {cached.dtype} "
-                        f"on {cached.device}"
-                    )
-        self.keys = k if self.keys is None else torch.cat([self.keys, k], dim=2)  # (B, h_kv, L, d_head)
-        self.values = v if self.values is None else torch.cat([self.values, v], dim=2)
-        return self.keys, self.values
-
-    @property
-    def length(self) -> int:
-        """Number of cached positions."""
-        return 0 if self.keys is None else self.keys.shape[2]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held by the cached keys and values together."""
-        if self.keys is None:
-            return 0
-        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
-
-    def reset(self) -> None:
-        self.keys = self.values = None
-
-    def __repr__(self) -> str:
-        shape = None if self.keys is None else tuple(self.keys.shape)
-        return f"KVCache(length={self.length}, keys/values shape={shape}, nbytes={self.nbytes})"
 
 
 class GroupedQueryAttention(nn.Module):

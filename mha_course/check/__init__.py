@@ -20,12 +20,15 @@ from .framework import CheckResult
 from .gqa import repeat_kv
 from .head_budget import attention_flops_split
 from .heads import merge_heads, split_heads
+from .kv_cache import write_kv
+from .leakage import leaks_future
 from .masks import causal_mask, padding_mask
 from .per_head import multi_head_attention_per_head
 from .positions import apply_rope, rope_step
 from .pretrained import previous_token_score
 from .specialize import ablate_heads
-from .tiled import online_softmax_update
+from .tiled import online_softmax_update, tiled_attention
+from .torch_masks import to_torch_masks
 
 #: every checker: ``mc.check.<name>(fn) -> CheckResult``
 CHECKERS = {
@@ -41,11 +44,15 @@ CHECKERS = {
         merge_heads,
         causal_mask,
         padding_mask,
+        to_torch_masks,
+        leaks_future,
         repeat_kv,
         kv_cache_bytes,
+        write_kv,
         ablate_heads,
         previous_token_score,
         online_softmax_update,
+        tiled_attention,
         attention_entropy,
         apply_rope,
         rope_step,

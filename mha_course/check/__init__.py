@@ -14,6 +14,7 @@ from .accounting import count_attention_params, kv_cache_bytes
 from .address_book import address_book_query
 from .attention import multi_head_attention, scaled_dot_product_attention
 from .cache_schemes import gather_blocks, mla_cache_bytes, sink_window_update
+from .demo import normalize_rows
 from .diagnostics import attention_entropy
 from .framework import CheckResult
 from .gqa import repeat_kv
@@ -58,6 +59,7 @@ CHECKERS = {
         mla_cache_bytes,
         sink_window_update,
         gather_blocks,
+        normalize_rows,
     )
 }
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .framework import Case, Mistake, run_check, tensor_generator
+from .framework import Case, mistakes, run_check, tensor_generator
 
 __all__ = ["normalize_rows"]
 
@@ -18,29 +18,15 @@ def _reference(x):
 
 
 #: the slips the checker recognises (the instructor guide reads this list)
-NORMALIZE_ROWS_MISTAKES = [
-    Mistake(
-        "columns",
-        lambda x: x / x.sum(dim=0, keepdim=True),
-        "each column sums to 1, not each row: sum over the last dimension (dim=-1)",
-    ),
-    Mistake(
-        "grand total",
-        lambda x: x / x.sum(),
-        "you divided by the sum of the whole matrix: each row needs its own sum",
-    ),
-    Mistake(
-        "softmax",
-        lambda x: torch.softmax(x, dim=-1),
-        "you applied a softmax (it exponentiates first): divide the entries themselves by their row's sum",
-    ),
-    Mistake(
-        "no keepdim",
-        lambda x: x / x.sum(dim=-1),
-        "the row sums were broadcast along the wrong axis (entry [i, j] divided by the sum of row j): "
-        "keep the summed dimension (keepdim=True) or index the sums as [:, None]",
-    ),
-]
+NORMALIZE_ROWS_MISTAKES = mistakes(
+    "normalize_rows",
+    {
+        "columns": lambda x: x / x.sum(dim=0, keepdim=True),
+        "grand total": lambda x: x / x.sum(),
+        "softmax": lambda x: torch.softmax(x, dim=-1),
+        "no keepdim": lambda x: x / x.sum(dim=-1),
+    },
+)
 
 
 def normalize_rows(fn):

@@ -3,7 +3,7 @@ projections and scores, for queries and keys of different lengths and any head w
 
 from __future__ import annotations
 
-from .framework import Case, Mistake, run_check
+from .framework import Case, mistakes, run_check
 
 __all__ = ["attention_flops_split"]
 
@@ -17,57 +17,23 @@ def _split(b, lq, lk, d, h, hd):
 
 
 #: the slips the checker recognises (the instructor guide reads this list)
-ATTENTION_FLOPS_SPLIT_MISTAKES = [
-    Mistake(
-        "swapped",
-        lambda b, lq, lk, d, h, hd: _split(b, lq, lk, d, h, hd)[::-1],
-        "the two numbers are swapped: return (projections, scores)",
-    ),
-    Mistake(
-        "multiply-adds",
-        lambda b, lq, lk, d, h, hd: tuple(x // 2 for x in _split(b, lq, lk, d, h, hd)),
-        "you counted multiply-adds: each multiply-add is 2 FLOPs (one multiply, one add)",
-    ),
-    Mistake(
-        "K, V on the queries",
-        lambda b, lq, lk, d, h, hd: (8 * b * lq * d * h * hd, _split(b, lq, lk, d, h, hd)[1]),
-        "W_K and W_V project the kv_len key/value tokens, not the q_len query tokens: only W_Q and "
-        "W_O work on q_len rows",
-    ),
-    Mistake(
-        "width d_model",
-        lambda b, lq, lk, d, h, hd: (4 * b * d * d * (lq + lk), 4 * b * lq * lk * d),
-        "you used d_model as the width of all heads together: it is num_heads · head_dim, which need not equal d_model",
-    ),
-    Mistake(
-        "no W_O",
-        lambda b, lq, lk, d, h, hd: (
+ATTENTION_FLOPS_SPLIT_MISTAKES = mistakes(
+    "attention_flops_split",
+    {
+        "swapped": lambda b, lq, lk, d, h, hd: _split(b, lq, lk, d, h, hd)[::-1],
+        "multiply-adds": lambda b, lq, lk, d, h, hd: tuple(x // 2 for x in _split(b, lq, lk, d, h, hd)),
+        "K, V on the queries": lambda b, lq, lk, d, h, hd: (8 * b * lq * d * h * hd, _split(b, lq, lk, d, h, hd)[1]),
+        "width d_model": lambda b, lq, lk, d, h, hd: (4 * b * d * d * (lq + lk), 4 * b * lq * lk * d),
+        "no W_O": lambda b, lq, lk, d, h, hd: (
             _split(b, lq, lk, d, h, hd)[0] - 2 * b * lq * h * hd * d,
             _split(b, lq, lk, d, h, hd)[1],
         ),
-        "the projections miss the output projection W_O (num_heads·head_dim → d_model, on every query token)",
-    ),
-    Mistake(
-        "only QK^T",
-        lambda b, lq, lk, d, h, hd: (_split(b, lq, lk, d, h, hd)[0], 2 * b * h * lq * lk * hd),
-        "the scores count only Q Kᵀ: the weights @ V product costs as much again",
-    ),
-    Mistake(
-        "L squared",
-        lambda b, lq, lk, d, h, hd: (_split(b, lq, lk, d, h, hd)[0], 4 * b * h * lq * lq * hd),
-        "each head's score matrix is q_len × kv_len (every query meets every key), not q_len × q_len",
-    ),
-    Mistake(
-        "one head",
-        lambda b, lq, lk, d, h, hd: (_split(b, lq, lk, d, h, hd)[0], 4 * b * lq * lk * hd),
-        "the scores are those of one head: add up all num_heads heads",
-    ),
-    Mistake(
-        "no batch",
-        lambda b, lq, lk, d, h, hd: _split(1, lq, lk, d, h, hd),
-        "you left out the batch: every one of the B sequences costs the same again",
-    ),
-]
+        "only QK^T": lambda b, lq, lk, d, h, hd: (_split(b, lq, lk, d, h, hd)[0], 2 * b * h * lq * lk * hd),
+        "L squared": lambda b, lq, lk, d, h, hd: (_split(b, lq, lk, d, h, hd)[0], 4 * b * h * lq * lq * hd),
+        "one head": lambda b, lq, lk, d, h, hd: (_split(b, lq, lk, d, h, hd)[0], 4 * b * lq * lk * hd),
+        "no batch": lambda b, lq, lk, d, h, hd: _split(1, lq, lk, d, h, hd),
+    },
+)
 
 
 def attention_flops_split(fn):

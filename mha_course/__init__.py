@@ -10,6 +10,7 @@ The package has three layers, one folder each (``ls`` shows them):
     attention   scaled_dot_product_attention(q, k, v, mask=None, *, scale=None) -> (out, weights)
     heads       split_heads(x, num_heads): (B, L, h*d_head) -> (B, h, L, d_head); merge_heads(x)
     multihead   LoopedMultiHeadAttention, MultiHeadAttention (.from_torch, .to_torch, .to_fused)
+    fast        FastMultiHeadAttention: the same function, tuned for speed (notebook 09)
     masks       causal_mask, sliding_window_mask, padding_mask
     gqa         repeat_kv, GroupedQueryAttention
     kv_cache    KVCache (growing, or preallocated with max_length), write_kv

@@ -74,12 +74,7 @@ class GroupedQueryAttention(nn.Module):
         need_weights: bool = True,
         rope=None,
     ):
-        validation.tensor("x", x, dims=3, floating=True)
-        validation.same_dtype("x", x, self.q_proj.weight)
-        if x.shape[-1] != self.d_model:
-            raise ValueError(f"x must have last dim d_model={self.d_model}, got shape {tuple(x.shape)}")
-        if cache is not None and not isinstance(cache, KVCache):
-            raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
+        validation.layer_input(x, self.q_proj.weight, self.d_model, cache, KVCache)
         B, L, _ = x.shape
         q = self.q_proj(x).view(B, L, self.num_heads, self.head_dim).transpose(1, 2)  # (B, h, L, hd)
         k = self.k_proj(x).view(B, L, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, h_kv, L, hd)

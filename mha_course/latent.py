@@ -197,12 +197,7 @@ class MultiHeadLatentAttention(nn.Module):
         return torch.einsum("bhlr,dhr->bld", ctx, w_ouv), weights  # (B, Lq, d_model)
 
     def forward(self, x, *, cache: LatentCache | None = None, absorb: bool = False):
-        validation.tensor("x", x, dims=3, floating=True)
-        validation.same_dtype("x", x, self.q_proj.weight)
-        if x.shape[-1] != self.d_model:
-            raise ValueError(f"x must have last dim d_model={self.d_model}, got shape {tuple(x.shape)}")
-        if cache is not None and not isinstance(cache, LatentCache):
-            raise TypeError(f"cache must be a LatentCache or None, got {type(cache).__name__}")
+        validation.layer_input(x, self.q_proj.weight, self.d_model, cache, LatentCache)
         start = 0 if cache is None else cache.length
         q_nope, q_rope = self.queries(x, start)  # (B, h, L, d_nope), (B, h, L, d_R)
         c_kv, k_rope = self.compress(x, start)  # (B, L, r), (B, L, d_R)

@@ -12,6 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 import mha_course as mc  # noqa: E402
+from mha_course.kit import timing
 from mha_course.lessons import head_layout
 
 SHAPES = [(1, 1, 1), (4, 2, 2), (6, 2, 3), (5, 3, 4), (7, 4, 1), (3, 6, 2)]
@@ -117,25 +118,25 @@ def test_median_times_is_a_median_of_round_robin_calls():
     def fast():
         calls.append("fast")
 
-    times = head_layout.median_times({"slow": slow, "fast": fast}, repeats=3, warmup=1)
+    times = timing.median_times({"slow": slow, "fast": fast}, repeats=3, warmup=1)
     assert calls == ["slow", "fast"] * 4  # one warm-up round, then three timed rounds, interleaved
     assert 0.0009 < times["slow"] < 0.02  # median of (0.03, 0.001, 0.001) ignores the outlier
     assert times["fast"] < times["slow"]
     with pytest.raises(ValueError):
-        head_layout.median_times({"f": fast}, repeats=0)
+        timing.median_times({"f": fast}, repeats=0)
 
 
 def test_median_times_sets_and_restores_threads():
     before = torch.get_num_threads()
     seen = []
-    head_layout.median_times({"f": lambda: seen.append(torch.get_num_threads())}, repeats=2, num_threads=1)
+    timing.median_times({"f": lambda: seen.append(torch.get_num_threads())}, repeats=2, num_threads=1)
     assert seen == [1, 1, 1] and torch.get_num_threads() == before
 
     def boom():
         raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError):
-        head_layout.median_times({"f": boom}, num_threads=1)
+        timing.median_times({"f": boom}, num_threads=1)
     assert torch.get_num_threads() == before
 
 

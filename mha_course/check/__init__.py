@@ -14,6 +14,7 @@ from .accounting import count_attention_params, kv_cache_bytes
 from .address_book import address_book_query
 from .attention import multi_head_attention, scaled_dot_product_attention
 from .cache_schemes import gather_blocks, mla_cache_bytes, sink_window_update
+from .demo import normalize_rows
 from .diagnostics import attention_entropy
 from .framework import CheckResult
 from .gqa import repeat_kv
@@ -27,7 +28,7 @@ from .per_head import multi_head_attention_per_head
 from .positions import apply_rope, rope_step
 from .pretrained import previous_token_score
 from .specialize import ablate_heads
-from .tiled import online_softmax_update
+from .tiled import online_softmax_update, tiled_attention
 from .torch_masks import to_torch_masks
 
 #: every checker: ``mc.check.<name>(fn) -> CheckResult``
@@ -53,12 +54,14 @@ CHECKERS = {
         gradient_importance,
         previous_token_score,
         online_softmax_update,
+        tiled_attention,
         attention_entropy,
         apply_rope,
         rope_step,
         mla_cache_bytes,
         sink_window_update,
         gather_blocks,
+        normalize_rows,
     )
 }
 

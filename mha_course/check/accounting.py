@@ -9,7 +9,7 @@ from __future__ import annotations
 from fractions import Fraction as _F
 
 from .. import accounting as _accounting
-from .framework import Case, CheckResult, Mistake, run_check
+from .framework import Case, CheckResult, mistakes, run_check
 
 __all__ = ["count_attention_params", "kv_cache_bytes"]
 
@@ -41,27 +41,17 @@ def _pv(how):
     return lambda d, h, h_kv=None, bias=True: _params_variant(d, h, h_kv, bias, how=how)
 
 
-COUNT_ATTENTION_PARAMS_MISTAKES = [
-    Mistake("no bias", _pv("no bias"), "biases not counted: each projection has one bias per output feature"),
-    Mistake(
-        "no gqa",
-        _pv("no gqa"),
-        "K and V counted with the query heads: with GQA, W_K and W_V have only num_kv_heads·d_head output columns each",
-    ),
-    Mistake("no W_O", _pv("no W_O"), "only Q, K and V counted: add the output projection W_O (and its bias)"),
-    Mistake(
-        "h full heads",
-        _pv("h full heads"),
-        "counted num_heads separate full-width attention layers: the heads split d_model, so the total "
-        "does not grow with num_heads (4·d_model² for MHA)",
-    ),
-    Mistake(
-        "full-width biases",
-        _pv("full-width biases"),
-        "the K and V biases counted at full width d_model: with GQA each has num_kv_heads·d_head entries",
-    ),
-    Mistake("bias always", _pv("bias always"), "biases counted although bias=False"),
-]
+COUNT_ATTENTION_PARAMS_MISTAKES = mistakes(
+    "count_attention_params",
+    {
+        "no bias": _pv("no bias"),
+        "no gqa": _pv("no gqa"),
+        "no W_O": _pv("no W_O"),
+        "h full heads": _pv("h full heads"),
+        "full-width biases": _pv("full-width biases"),
+        "bias always": _pv("bias always"),
+    },
+)
 
 
 def count_attention_params(fn) -> CheckResult:
@@ -111,39 +101,20 @@ def _kv_query_heads(case: Case):
     return _kv(num_layers, case.info["num_heads"], *rest, **case.kwargs)
 
 
-KV_CACHE_BYTES_MISTAKES = [
-    Mistake("no factor 2", _kvv(lambda *a: _F(1, 2)), "K and V not both cached: the cache holds keys AND values (×2)"),
-    Mistake(
-        "query heads",
-        _kv_query_heads,
-        "used the query heads where the KV heads belong: with GQA only num_kv_heads heads of K and V are cached",
-        on_case=True,
-    ),
-    Mistake(
-        "no layers", _kvv(lambda n, *a: _F(1, n)), "layers ignored: every layer keeps its own K and V (×num_layers)"
-    ),
-    Mistake("no batch", _kvv(lambda *a: _F(1, a[4])), "batch ignored: every sequence in the batch has its own cache"),
-    Mistake(
-        "elements",
-        _kvv(lambda *a: _F(1, a[5])),
-        "counted elements, not bytes: multiply by bytes_per_element (2 for fp16/bf16, 4 for fp32, 1 for int8)",
-    ),
-    Mistake(
-        "bytes fixed at 2",
-        _kvv(lambda *a: _F(2, a[5])),
-        "bytes_per_element ignored (always 2 bytes): use the bytes_per_element argument",
-    ),
-    Mistake(
-        "GiB",
-        _kvv(lambda *a: _F(1, 2**30)),
-        "returned GiB: return the number of bytes as an int (convert only when you print it)",
-    ),
-    Mistake(
-        "GB",
-        _kvv(lambda *a: _F(1, 10**9)),
-        "returned GB: return the number of bytes as an int (convert only when you print it)",
-    ),
-]
+KV_CACHE_BYTES_MISTAKES = mistakes(
+    "kv_cache_bytes",
+    {
+        "no factor 2": _kvv(lambda *a: _F(1, 2)),
+        "query heads": _kv_query_heads,
+        "no layers": _kvv(lambda n, *a: _F(1, n)),
+        "no batch": _kvv(lambda *a: _F(1, a[4])),
+        "elements": _kvv(lambda *a: _F(1, a[5])),
+        "bytes fixed at 2": _kvv(lambda *a: _F(2, a[5])),
+        "GiB": _kvv(lambda *a: _F(1, 2**30)),
+        "GB": _kvv(lambda *a: _F(1, 10**9)),
+    },
+    on_case=("query heads",),
+)
 
 
 def kv_cache_bytes(fn) -> CheckResult:

@@ -8,7 +8,7 @@ import torch
 
 from .. import attention as _attention
 from .. import heads as _heads
-from .framework import Case, CheckResult, Mistake, run_check, tensor_generator
+from .framework import Case, CheckResult, mistakes, run_check, tensor_generator
 
 __all__ = ["scaled_dot_product_attention", "multi_head_attention"]
 
@@ -60,62 +60,21 @@ def _sdpa_cases(fully_masked_rows: bool) -> list[Case]:
     return cases
 
 
-SCALED_DOT_PRODUCT_ATTENTION_MISTAKES = [
-    Mistake(
-        "no scale",
-        lambda q, k, v, m=None: _sdpa_variant(q, k, v, m, scale=1.0),
-        "forgot to scale: divide the scores Q Kᵀ by √d_k before the softmax",
-    ),
-    Mistake(
-        "scaled by d_k",
-        lambda q, k, v, m=None: _sdpa_variant(q, k, v, m, scale=1 / q.shape[-1]),
-        "divided the scores by d_k instead of √d_k",
-    ),
-    Mistake(
-        "softmax dim -2",
-        lambda q, k, v, m=None: _sdpa_variant(q, k, v, m, dim=-2),
-        "softmax over the wrong axis (dim=-2, across queries): each query's weights must sum to 1 "
-        "over the keys — use dim=-1",
-    ),
-    Mistake(
-        "swapped",
-        lambda q, k, v, m=None: _sdpa_variant(q, k, v, m)[::-1],
-        "returned (weights, out): the order is (out, weights)",
-    ),
-    Mistake(
-        "no V",
-        lambda q, k, v, m=None: (_sdpa_variant(q, k, v, m)[1],) * 2,
-        "returned the weights as the output: the output is weights @ V",
-    ),
-    Mistake(
-        "mask inverted",
-        lambda q, k, v, m=None: _sdpa_variant(q, k, v, m, mask_mode="invert"),
-        "mask polarity inverted: True means 'may attend', so fill the scores where the mask is False "
-        "(masked_fill(~mask, ...)), not where it is True",
-    ),
-    Mistake(
-        "mask ignored",
-        lambda q, k, v, m=None: _sdpa_variant(q, k, v, m, mask_mode="ignore"),
-        "the mask is ignored: set the scores where the mask is False to -inf (or -1e9) before the softmax",
-    ),
-    Mistake(
-        "mask after softmax",
-        lambda q, k, v, m=None: _sdpa_variant(q, k, v, m, mask_mode="after"),
-        "the mask is applied after the softmax, so the weights no longer sum to 1: mask the scores before the softmax",
-    ),
-    Mistake(
-        "NaN on empty row",
-        lambda q, k, v, m=None: _sdpa_variant(q, k, v, m),
-        "a fully masked row gives NaN (softmax of a row that is all -inf is 0/0): set the weights of a "
-        "row with no allowed key to 0, e.g. weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0)",
-    ),
-    Mistake(
-        "uniform on empty row",
-        lambda q, k, v, m=None: _sdpa_variant(q, k, v, m, fill=-1e9),
-        "a fully masked row spreads its weight evenly over keys it may not see (softmax of a row that is "
-        "all -1e9 is uniform): set the weights of a row with no allowed key to 0",
-    ),
-]
+SCALED_DOT_PRODUCT_ATTENTION_MISTAKES = mistakes(
+    "scaled_dot_product_attention",
+    {
+        "no scale": lambda q, k, v, m=None: _sdpa_variant(q, k, v, m, scale=1.0),
+        "scaled by d_k": lambda q, k, v, m=None: _sdpa_variant(q, k, v, m, scale=1 / q.shape[-1]),
+        "softmax dim -2": lambda q, k, v, m=None: _sdpa_variant(q, k, v, m, dim=-2),
+        "swapped": lambda q, k, v, m=None: _sdpa_variant(q, k, v, m)[::-1],
+        "no V": lambda q, k, v, m=None: (_sdpa_variant(q, k, v, m)[1],) * 2,
+        "mask inverted": lambda q, k, v, m=None: _sdpa_variant(q, k, v, m, mask_mode="invert"),
+        "mask ignored": lambda q, k, v, m=None: _sdpa_variant(q, k, v, m, mask_mode="ignore"),
+        "mask after softmax": lambda q, k, v, m=None: _sdpa_variant(q, k, v, m, mask_mode="after"),
+        "NaN on empty row": lambda q, k, v, m=None: _sdpa_variant(q, k, v, m),
+        "uniform on empty row": lambda q, k, v, m=None: _sdpa_variant(q, k, v, m, fill=-1e9),
+    },
+)
 
 
 def scaled_dot_product_attention(fn, *, fully_masked_rows: bool = False) -> CheckResult:
@@ -213,70 +172,24 @@ def _mv(**kw):
     return lambda *args: _mha_variant(*args, **kw)
 
 
-MULTI_HEAD_ATTENTION_MISTAKES = [
-    Mistake(
-        "no split, scale √d_model",
-        _mv(split="none", scale="model"),
-        "one softmax over all heads: split Q, K and V into num_heads heads of width d_model/num_heads "
-        "and attend in each head separately",
-    ),
-    Mistake(
-        "no split, scale √d_head",
-        _mv(split="none"),
-        "one softmax over all heads: split Q, K and V into num_heads heads of width d_model/num_heads "
-        "and attend in each head separately",
-    ),
-    Mistake(
-        "split without transpose",
-        _mv(split="notranspose"),
-        "reshape without transpose: view(B, num_heads, L, d_head) deals consecutive tokens out to the "
-        "heads — use view(B, L, num_heads, d_head).transpose(1, 2)",
-    ),
-    Mistake(
-        "split and merge without transpose",
-        _mv(split="notranspose", merge="notranspose"),
-        "reshape without transpose: view(B, num_heads, L, d_head) deals consecutive tokens out to the "
-        "heads — use view(B, L, num_heads, d_head).transpose(1, 2), and transpose back before merging",
-    ),
-    Mistake(
-        "merge without transpose",
-        _mv(merge="notranspose"),
-        "merged the heads without transposing back: out.transpose(1, 2) to (B, L, num_heads, d_head) "
-        "before reshaping to (B, L, d_model)",
-    ),
-    Mistake(
-        "scale √d_model",
-        _mv(scale="model"),
-        "scaled the scores by √d_model instead of √d_head: each head's dot products have d_head = "
-        "d_model/num_heads terms",
-    ),
-    Mistake("no scale", _mv(scale="none"), "forgot to divide each head's scores by √d_head"),
-    Mistake("softmax dim -2", _mv(dim=-2), "softmax over the wrong axis (dim=-2): normalise over the keys, dim=-1"),
-    Mistake("no W_O", _mv(out_proj=False), "forgot the output projection: multiply the merged heads by w_o"),
-    Mistake(
-        "merge reversed",
-        _mv(merge="reversed"),
-        "the heads are concatenated in the wrong order: head i's output goes to columns "
-        "[i·d_head, (i+1)·d_head) before w_o",
-    ),
-    Mistake(
-        "merge interleaved",
-        _mv(merge="interleaved"),
-        "the heads are concatenated in the wrong order (interleaved feature by feature): head i's output "
-        "goes to the contiguous columns [i·d_head, (i+1)·d_head) before w_o",
-    ),
-    Mistake(
-        "split interleaved",
-        _mv(split="interleaved"),
-        "head i must own the contiguous column block i of w_q, w_k and w_v; yours take every "
-        "num_heads-th column — view as (B, L, num_heads, d_head), not (B, L, d_head, num_heads)",
-    ),
-    Mistake(
-        "x @ w.T",
-        _mv(transposed=True),
-        "multiplied by the transposed weights (x @ w.T, the nn.Linear convention): here it is x @ w",
-    ),
-]
+MULTI_HEAD_ATTENTION_MISTAKES = mistakes(
+    "multi_head_attention",
+    {
+        "no split, scale √d_model": _mv(split="none", scale="model"),
+        "no split, scale √d_head": _mv(split="none"),
+        "split without transpose": _mv(split="notranspose"),
+        "split and merge without transpose": _mv(split="notranspose", merge="notranspose"),
+        "merge without transpose": _mv(merge="notranspose"),
+        "scale √d_model": _mv(scale="model"),
+        "no scale": _mv(scale="none"),
+        "softmax dim -2": _mv(dim=-2),
+        "no W_O": _mv(out_proj=False),
+        "merge reversed": _mv(merge="reversed"),
+        "merge interleaved": _mv(merge="interleaved"),
+        "split interleaved": _mv(split="interleaved"),
+        "x @ w.T": _mv(transposed=True),
+    },
+)
 
 
 def multi_head_attention(fn) -> CheckResult:

@@ -7,7 +7,7 @@ import torch
 
 from .. import cache_schemes as _cs
 from .. import latent as _latent
-from .framework import Case, CheckResult, Mistake, run_check, tensor_generator
+from .framework import Case, CheckResult, mistakes, run_check, tensor_generator
 
 __all__ = ["sink_window_update", "gather_blocks", "mla_cache_bytes"]
 
@@ -74,29 +74,15 @@ def _positions_not_recorded(keys, positions, k_new, t, window, num_sinks):
     return keys, positions
 
 
-SINK_WINDOW_UPDATE_MISTAKES = [
-    Mistake(
-        "ring over all slots",
-        _canon(_update_at(lambda t, p, w, s: t % (s + w))),
-        "a ring over all num_sinks + window slots evicts the sinks once the buffer is full: the first "
-        "num_sinks positions must stay; only the window slots rotate",
-    ),
-    Mistake(
-        "window slots from 0",
-        _canon(_update_at(lambda t, p, w, s: t if t < s else (t - s) % w)),
-        "the window's slots start at 0 and overwrite the sinks: they are the slots after the num_sinks sink slots",
-    ),
-    Mistake(
-        "evicts the newest",
-        _canon(_update_at(_newest_slot)),
-        "the new token replaced the most recent one: it must replace the OLDEST token of the window",
-    ),
-    Mistake(
-        "positions not recorded",
-        _canon(_positions_not_recorded),
-        "the key was written but positions was not updated: record t in the slot's entry of positions",
-    ),
-]
+SINK_WINDOW_UPDATE_MISTAKES = mistakes(
+    "sink_window_update",
+    {
+        "ring over all slots": _canon(_update_at(lambda t, p, w, s: t % (s + w))),
+        "window slots from 0": _canon(_update_at(lambda t, p, w, s: t if t < s else (t - s) % w)),
+        "evicts the newest": _canon(_update_at(_newest_slot)),
+        "positions not recorded": _canon(_positions_not_recorded),
+    },
+)
 
 
 def sink_window_update(fn) -> CheckResult:
@@ -137,34 +123,16 @@ def _no_transpose(pool, table, length):
     return pool[table].reshape(h, n * b, d)[:, :length]
 
 
-GATHER_BLOCKS_MISTAKES = [
-    Mistake(
-        "no transpose",
-        _no_transpose,
-        "reshaped (n, h_kv, block_size, d) straight to (h_kv, n·block_size, d): that mixes heads and blocks — "
-        "move the head dim first (transpose) before merging blocks and offsets",
-    ),
-    Mistake(
-        "pool order",
-        lambda pool, table, length: _cs.gather_blocks(pool, torch.arange(len(table)), length),
-        "took the first blocks of the pool: a sequence's blocks are wherever its block table says",
-    ),
-    Mistake(
-        "sorted table",
-        lambda pool, table, length: _cs.gather_blocks(pool, table.sort().values, length),
-        "read the blocks in pool order (sorted ids): the block table's ORDER is the order of the positions",
-    ),
-    Mistake(
-        "not trimmed",
-        _untrimmed,
-        "returned every slot of the blocks: the last block is only partly filled — keep the first `length` positions",
-    ),
-    Mistake(
-        "positions first",
-        lambda pool, table, length: _cs.gather_blocks(pool, table, length).transpose(0, 1),
-        "returned (length, h_kv, d): the cache's layout is (h_kv, length, d), heads first",
-    ),
-]
+GATHER_BLOCKS_MISTAKES = mistakes(
+    "gather_blocks",
+    {
+        "no transpose": _no_transpose,
+        "pool order": lambda pool, table, length: _cs.gather_blocks(pool, torch.arange(len(table)), length),
+        "sorted table": lambda pool, table, length: _cs.gather_blocks(pool, table.sort().values, length),
+        "not trimmed": _untrimmed,
+        "positions first": lambda pool, table, length: _cs.gather_blocks(pool, table, length).transpose(0, 1),
+    },
+)
 
 
 def gather_blocks(fn) -> CheckResult:
@@ -216,54 +184,20 @@ def _mla_variant(per_token):
     return variant
 
 
-MLA_CACHE_BYTES_MISTAKES = [
-    Mistake(
-        "latent twice",
-        _mla_variant(lambda r, rope, info: 2 * r + rope),
-        "the latent counted twice (for K and for V): one latent per token serves both",
-        on_case=True,
-    ),
-    Mistake(
-        "rope per head",
-        _mla_variant(lambda r, rope, info: r + info["heads"] * rope),
-        "the RoPE key counted once per head: the decoupled key is shared by all heads, cached once",
-        on_case=True,
-    ),
-    Mistake(
-        "no rope",
-        _mla_variant(lambda r, rope, info: r),
-        "the decoupled RoPE key is missing: each token caches its latent AND its RoPE key",
-        on_case=True,
-    ),
-    Mistake(
-        "expanded K and V",
-        _mla_variant(lambda r, rope, info: 2 * info["heads"] * info["head_dim"]),
-        "counted the per-head keys and values the latent expands into: the cache holds only the latent "
-        "and the RoPE key",
-        on_case=True,
-    ),
-    Mistake(
-        "both twice",
-        _mla_variant(lambda r, rope, info: 2 * (r + rope)),
-        "counted K and V separately (×2): MLA caches one latent and one RoPE key per token, no factor 2",
-        on_case=True,
-    ),
-    Mistake(
-        "no layers",
-        lambda n, r, rope, s, batch=1, bytes_per_element=2: (r + rope) * s * batch * bytes_per_element,
-        "layers ignored: every layer caches its own latent",
-    ),
-    Mistake(
-        "elements",
-        lambda n, r, rope, s, batch=1, bytes_per_element=2: n * (r + rope) * s * batch,
-        "counted numbers, not bytes: multiply by bytes_per_element",
-    ),
-    Mistake(
-        "no batch",
-        lambda n, r, rope, s, batch=1, bytes_per_element=2: n * (r + rope) * s * bytes_per_element,
-        "batch ignored: every sequence has its own cache",
-    ),
-]
+MLA_CACHE_BYTES_MISTAKES = mistakes(
+    "mla_cache_bytes",
+    {
+        "latent twice": _mla_variant(lambda r, rope, info: 2 * r + rope),
+        "rope per head": _mla_variant(lambda r, rope, info: r + info["heads"] * rope),
+        "no rope": _mla_variant(lambda r, rope, info: r),
+        "expanded K and V": _mla_variant(lambda r, rope, info: 2 * info["heads"] * info["head_dim"]),
+        "both twice": _mla_variant(lambda r, rope, info: 2 * (r + rope)),
+        "no layers": lambda n, r, rope, s, batch=1, bytes_per_element=2: (r + rope) * s * batch * bytes_per_element,
+        "elements": lambda n, r, rope, s, batch=1, bytes_per_element=2: n * (r + rope) * s * batch,
+        "no batch": lambda n, r, rope, s, batch=1, bytes_per_element=2: n * (r + rope) * s * bytes_per_element,
+    },
+    on_case=("latent twice", "rope per head", "no rope", "expanded K and V", "both twice"),
+)
 
 
 def mla_cache_bytes(fn) -> CheckResult:

@@ -57,17 +57,19 @@ and keep inputs small: checks run inside notebooks that are tested on CPU.
 from __future__ import annotations
 
 import html
+import json
 import math
 import numbers
 import re
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
 import torch
 
-__all__ = ["CheckResult", "Case", "Mistake", "run_check", "tensor_generator", "SEED"]
+__all__ = ["CheckResult", "Case", "Mistake", "mistakes", "diagnoses", "run_check", "tensor_generator", "SEED"]
 
 SEED = 1234
 _STATUSES = ("passed", "failed", "not attempted")
@@ -151,6 +153,26 @@ class Mistake:
     fn: Callable
     diagnosis: str
     on_case: bool = False
+
+
+def diagnoses(checker: str) -> dict[str, str]:
+    """The diagnoses of ``checker``'s known mistakes (name -> plain words naming the mistake and
+    the fix), from ``mha_course/check/diagnoses.json``: the words live apart from the code."""
+    table = json.loads(resources.files("mha_course.check").joinpath("diagnoses.json").read_text(encoding="utf-8"))
+    if checker not in table:
+        raise ValueError(f"no diagnoses for checker {checker!r} in mha_course/check/diagnoses.json")
+    return table[checker]
+
+
+def mistakes(checker: str, variants: dict[str, Callable], *, on_case: Sequence[str] = ()) -> list[Mistake]:
+    """The :class:`Mistake` list of ``checker``: one per entry of ``variants`` (name -> the wrong
+    function), in order, each with its diagnosis from :func:`diagnoses`; names in ``on_case`` get
+    the :class:`Case` instead of its arguments."""
+    words = diagnoses(checker)
+    missing = [name for name in variants if name not in words]
+    if missing:
+        raise ValueError(f"{checker}: no diagnosis for {missing} in mha_course/check/diagnoses.json")
+    return [Mistake(name, fn, words[name], on_case=name in on_case) for name, fn in variants.items()]
 
 
 def tensor_generator(seed: int = SEED) -> torch.Generator:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import gqa as _gqa
-from .framework import Case, CheckResult, Mistake, run_check, tensor_generator
+from .framework import Case, CheckResult, Mistake, mistakes, run_check, tensor_generator
 
 __all__ = ["repeat_kv"]
 
@@ -14,13 +14,12 @@ _WRONG_DIM = (
     "repeated along dim {} ({}) instead of the head dim 1: the result is (B, h_kv·n_rep, L, d) — "
     "use repeat_interleave(x, n_rep, dim=1)"
 )
-REPEAT_KV_MISTAKES = [
-    Mistake(
-        "repeat",
-        lambda x, n: x.repeat(1, n, 1, 1),
-        "x.repeat(1, n_rep, 1, 1) tiles the whole block of KV heads, so query head i gets KV head i % h_kv; "
-        "each KV head must serve n_rep consecutive query heads (i // n_rep) — use repeat_interleave",
-    ),
+REPEAT_KV_MISTAKES = mistakes(
+    "repeat_kv",
+    {
+        "repeat": lambda x, n: x.repeat(1, n, 1, 1),
+    },
+) + [
     *(
         Mistake(f"dim {dim}", lambda x, n, dim=dim: x.repeat_interleave(n, dim=dim), _WRONG_DIM.format(dim, what))
         for dim, what in ((0, "batch"), (2, "positions"), (3, "features"))

@@ -1,82 +1,56 @@
-"""Checker for notebook 03's FLOPs exercise: split one MHA layer's FLOPs into projections and scores."""
+"""Checker for notebook 03's FLOPs exercise: one attention layer's forward FLOPs, split into
+projections and scores, for queries and keys of different lengths and any head width."""
 
 from __future__ import annotations
 
-from ..lessons.head_budget import flops_split
-from .framework import Case, Mistake, run_check
+from .framework import Case, mistakes, run_check
 
 __all__ = ["attention_flops_split"]
 
 
-def _split(b, n, d, h):
-    return flops_split(b, n, d, h)
+def _split(b, lq, lk, d, h, hd):
+    """(projections, scores): a (m×k) @ (k×n) product costs 2·m·n·k FLOPs."""
+    inner = h * hd  # width of all heads together
+    projections = 2 * b * lq * d * inner + 2 * (2 * b * lk * d * inner) + 2 * b * lq * inner * d  # W_Q; W_K, W_V; W_O
+    scores = h * (2 * b * lq * lk * hd + 2 * b * lq * lk * hd)  # per head: Q Kᵀ and weights @ V
+    return projections, scores
 
 
-ATTENTION_FLOPS_SPLIT_MISTAKES = [
-    Mistake(
-        "swapped",
-        lambda b, n, d, h: _split(b, n, d, h)[::-1],
-        "the two numbers are swapped: return (projections, scores)",
-    ),
-    Mistake(
-        "multiply-adds",
-        lambda b, n, d, h: tuple(x // 2 for x in _split(b, n, d, h)),
-        "you counted multiply-adds: each multiply-add is 2 FLOPs (one multiply, one add)",
-    ),
-    Mistake(
-        "no W_O",
-        lambda b, n, d, h: (6 * b * n * d * d, _split(b, n, d, h)[1]),
-        "the projections miss one matrix: count W_Q, W_K, W_V *and* the output projection W_O "
-        "(4 of d×d, 2·B·L·d² FLOPs each)",
-    ),
-    Mistake(
-        "only QK^T",
-        lambda b, n, d, h: (_split(b, n, d, h)[0], 2 * b * n * n * d),
-        "the scores count only Q Kᵀ: the weights @ V product costs as much again (2·B·L²·d each)",
-    ),
-    Mistake(
-        "times h",
-        lambda b, n, d, h: (_split(b, n, d, h)[0], h * _split(b, n, d, h)[1]),
-        "you multiplied by h as if every head were d_model wide: each head is d_head = d/h wide, "
-        "so the h heads together cost the same as one d-wide head",
-    ),
-    Mistake(
-        "projections times h",
-        lambda b, n, d, h: (h * _split(b, n, d, h)[0], _split(b, n, d, h)[1]),
-        "you multiplied the projections by h: all heads' W_Q together are one d×d matrix "
-        "(h blocks of d×d_head), so the projections do not depend on h",
-    ),
-    Mistake(
-        "one head",
-        lambda b, n, d, h: (_split(b, n, d, h)[0], 4 * b * n * n * (d // h)),
-        "the scores are those of one head (4·B·L²·d_head): add up all h heads (h·d_head = d)",
-    ),
-    Mistake(
-        "L not squared",
-        lambda b, n, d, h: (_split(b, n, d, h)[0], 4 * b * n * d),
-        "the scores grow with L², not L: each head's score matrix is L×L (every query meets every key)",
-    ),
-    Mistake(
-        "no batch",
-        lambda b, n, d, h: _split(1, n, d, h),
-        "you left out the batch: every one of the B sequences costs the same again",
-    ),
-]
+#: the slips the checker recognises (the instructor guide reads this list)
+ATTENTION_FLOPS_SPLIT_MISTAKES = mistakes(
+    "attention_flops_split",
+    {
+        "swapped": lambda b, lq, lk, d, h, hd: _split(b, lq, lk, d, h, hd)[::-1],
+        "multiply-adds": lambda b, lq, lk, d, h, hd: tuple(x // 2 for x in _split(b, lq, lk, d, h, hd)),
+        "K, V on the queries": lambda b, lq, lk, d, h, hd: (8 * b * lq * d * h * hd, _split(b, lq, lk, d, h, hd)[1]),
+        "width d_model": lambda b, lq, lk, d, h, hd: (4 * b * d * d * (lq + lk), 4 * b * lq * lk * d),
+        "no W_O": lambda b, lq, lk, d, h, hd: (
+            _split(b, lq, lk, d, h, hd)[0] - 2 * b * lq * h * hd * d,
+            _split(b, lq, lk, d, h, hd)[1],
+        ),
+        "only QK^T": lambda b, lq, lk, d, h, hd: (_split(b, lq, lk, d, h, hd)[0], 2 * b * h * lq * lk * hd),
+        "L squared": lambda b, lq, lk, d, h, hd: (_split(b, lq, lk, d, h, hd)[0], 4 * b * h * lq * lq * hd),
+        "one head": lambda b, lq, lk, d, h, hd: (_split(b, lq, lk, d, h, hd)[0], 4 * b * lq * lk * hd),
+        "no batch": lambda b, lq, lk, d, h, hd: _split(1, lq, lk, d, h, hd),
+    },
+)
 
 
 def attention_flops_split(fn):
-    """Check ``fn(batch, seq_len, d_model, num_heads) -> (projection_flops, score_flops)``.
+    """Check ``fn(batch, q_len, kv_len, d_model, num_heads, head_dim) -> (projection_flops, score_flops)``.
 
-    Forward FLOPs of one multi-head self-attention layer (d_head = d_model / num_heads, a
-    multiply-add = 2 FLOPs, softmax and biases not counted): projections X W_Q, X W_K, X W_V and
-    the output projection; scores Q Kᵀ and weights @ V. Both must be Python ints.
+    Forward FLOPs of one attention layer (a multiply-add = 2 FLOPs; softmax, scaling and biases not
+    counted) whose queries come from q_len tokens and keys/values from kv_len tokens, each of width
+    d_model, with num_heads heads of width head_dim: projections W_Q, W_K, W_V (d_model →
+    num_heads·head_dim) and W_O (back to d_model); scores Q Kᵀ and weights @ V of every head.
+    Both must be Python ints.
     """
     cases = [
-        Case((1, 10, 64, 4), description="B=1, L=10, d=64, h=4"),
-        Case((3, 7, 48, 3), description="B=3, odd sizes"),
-        Case((2, 200, 32, 8), description="L > 2·d: scores dominate"),
-        Case((1, 1, 512, 8), description="a single token"),
-        Case((2, 16, 96, 1), description="one wide head"),
+        Case((2, 3, 7, 16, 4, 8), description="B=2, 3 queries, 7 keys, h·head_dim=32 ≠ d=16"),
+        Case((1, 5, 5, 32, 4, 8), description="self-attention, h·head_dim = d"),
+        Case((3, 1, 40, 24, 2, 16), description="one query reading 40 keys"),
+        Case((1, 10, 6, 12, 3, 4), description="more queries than keys"),
+        Case((2, 4, 9, 8, 1, 8), description="one head"),
     ]
     return run_check(
         "attention_flops_split",
@@ -84,6 +58,6 @@ def attention_flops_split(fn):
         cases,
         reference=_split,
         mistakes=ATTENTION_FLOPS_SPLIT_MISTAKES,
-        arg_names=("batch", "seq_len", "d_model", "num_heads"),
+        arg_names=("batch", "q_len", "kv_len", "d_model", "num_heads", "head_dim"),
         output_names=("projections", "scores"),
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import heads as _heads
-from .framework import Case, CheckResult, Mistake, run_check, tensor_generator
+from .framework import Case, CheckResult, mistakes, run_check, tensor_generator
 
 __all__ = ["split_heads", "merge_heads"]
 
@@ -27,25 +27,14 @@ def _split_variant(x, num_heads, how):
     return x.reshape(B, L, num_heads, hd)  # "forgot transpose": (B, L, h, d_head)
 
 
-SPLIT_HEADS_MISTAKES = [
-    Mistake(
-        "no transpose",
-        lambda x, h: _split_variant(x, h, "notranspose"),
-        "reshape without transpose: view(B, num_heads, L, d_head) deals consecutive tokens out to the heads — "
-        "view as (B, L, num_heads, d_head), then transpose(1, 2)",
-    ),
-    Mistake(
-        "interleaved",
-        lambda x, h: _split_variant(x, h, "interleaved"),
-        "interleaved heads: view(B, L, d_head, num_heads) deals the features out round-robin; head i owns "
-        "the contiguous columns [i·d_head, (i+1)·d_head) — view as (B, L, num_heads, d_head)",
-    ),
-    Mistake(
-        "forgot transpose",
-        lambda x, h: _split_variant(x, h, "forgot"),
-        "returned (B, L, num_heads, d_head): transpose(1, 2) to put the heads before the positions",
-    ),
-]
+SPLIT_HEADS_MISTAKES = mistakes(
+    "split_heads",
+    {
+        "no transpose": lambda x, h: _split_variant(x, h, "notranspose"),
+        "interleaved": lambda x, h: _split_variant(x, h, "interleaved"),
+        "forgot transpose": lambda x, h: _split_variant(x, h, "forgot"),
+    },
+)
 
 
 def split_heads(fn) -> CheckResult:
@@ -75,30 +64,15 @@ def _merge_variant(x, how):
     return x.transpose(1, 2)  # "not flattened": (B, L, h, d_head)
 
 
-MERGE_HEADS_MISTAKES = [
-    Mistake(
-        "no transpose",
-        lambda x: _merge_variant(x, "notranspose"),
-        "reshape without transpose: reshaping (B, num_heads, L, d_head) straight to (B, L, d_model) mixes "
-        "tokens and heads — transpose(1, 2) to (B, L, num_heads, d_head) first",
-    ),
-    Mistake(
-        "wrong dims",
-        lambda x: _merge_variant(x, "wrong dims"),
-        "transposed the wrong dims: swap the head and position dims (transpose(1, 2)), not L and d_head",
-    ),
-    Mistake(
-        "interleaved",
-        lambda x: _merge_variant(x, "interleaved"),
-        "the heads are interleaved feature by feature (heads moved last): head i's features belong in the "
-        "contiguous columns [i·d_head, (i+1)·d_head) — transpose(1, 2), then reshape",
-    ),
-    Mistake(
-        "not flattened",
-        lambda x: _merge_variant(x, "not flattened"),
-        "returned (B, L, num_heads, d_head): reshape to (B, L, num_heads·d_head) to concatenate the heads",
-    ),
-]
+MERGE_HEADS_MISTAKES = mistakes(
+    "merge_heads",
+    {
+        "no transpose": lambda x: _merge_variant(x, "notranspose"),
+        "wrong dims": lambda x: _merge_variant(x, "wrong dims"),
+        "interleaved": lambda x: _merge_variant(x, "interleaved"),
+        "not flattened": lambda x: _merge_variant(x, "not flattened"),
+    },
+)
 
 
 def merge_heads(fn) -> CheckResult:

@@ -14,7 +14,7 @@ import torch
 
 from ..gqa import GroupedQueryAttention
 from ..kv_cache import KVCache
-from .framework import Case, CheckResult, Mistake, run_check, tensor_generator
+from .framework import Case, CheckResult, mistakes, run_check, tensor_generator
 
 __all__ = ["write_kv"]
 
@@ -111,38 +111,16 @@ def _only_new(k_cache, v_cache, k, v, length):
 
 
 #: the likely mistakes, as data: (name, what the wrong function does, the diagnosis)
-WRITE_KV_MISTAKES = [
-    Mistake(
-        "copies",
-        _decoded_with(_copies),
-        "the values are right but you return copies (.clone(), .contiguous() or a new tensor): return slices "
-        "of the buffers themselves, so a decode step moves no more than the new positions",
-    ),
-    Mistake(
-        "concatenates",
-        _decoded_with(_concatenates),
-        "the new K/V never reach the buffers (torch.cat builds a new tensor): the next step's cache misses "
-        "them — write them into k_cache and v_cache in place, at positions [length, length + L_new)",
-    ),
-    Mistake(
-        "whole buffer",
-        _decoded_with(_whole_buffer),
-        "you return the whole buffers, max_length positions: the query then attends to empty slots — "
-        "return only the filled part, positions [0, length + L_new)",
-    ),
-    Mistake(
-        "writes at 0",
-        _decoded_with(_writes_at_start),
-        "the new K/V are written at position 0, over the cached ones: write them at the current length, "
-        "positions [length, length + L_new)",
-    ),
-    Mistake(
-        "only new",
-        _decoded_with(_only_new),
-        "you return only the new positions: the query must attend to every cached position too — "
-        "return positions [0, length + L_new)",
-    ),
-]
+WRITE_KV_MISTAKES = mistakes(
+    "write_kv",
+    {
+        "copies": _decoded_with(_copies),
+        "concatenates": _decoded_with(_concatenates),
+        "whole buffer": _decoded_with(_whole_buffer),
+        "writes at 0": _decoded_with(_writes_at_start),
+        "only new": _decoded_with(_only_new),
+    },
+)
 
 
 def write_kv(fn) -> CheckResult:

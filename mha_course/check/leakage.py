@@ -12,7 +12,7 @@ import torch
 from ..gqa import GroupedQueryAttention
 from ..masks import causal_mask
 from ..multihead import MultiHeadAttention
-from .framework import Case, CheckResult, Mistake, run_check, tensor_generator
+from .framework import Case, CheckResult, mistakes, run_check, tensor_generator
 
 __all__ = ["leaks_future"]
 
@@ -123,32 +123,15 @@ def _loose_tolerance(fn, x):  # every t, but changes below 1e-3 count as none
     return False
 
 
-LEAKS_FUTURE_MISTAKES = [
-    Mistake(
-        "all outputs",
-        _as_answer(_all_outputs),
-        "your test reports a leak for a causal layer: after changing the inputs after position t, compare "
-        "only the outputs at positions <= t — the later outputs are allowed (and expected) to change",
-    ),
-    Mistake(
-        "last input only",
-        _as_answer(_last_input_only),
-        "your test misses a leak from a position in the middle: changing only the last input shows only "
-        "what depends on the last position — try every split point t",
-    ),
-    Mistake(
-        "first output only",
-        _as_answer(_first_output_only),
-        "your test looks only at the first output position, so a leak into a later position goes unseen — "
-        "for each t, compare all the outputs at positions <= t",
-    ),
-    Mistake(
-        "loose tolerance",
-        _as_answer(_loose_tolerance),
-        "your test misses a tiny leak: a causal layer's past outputs do not change at all (a blocked weight "
-        "is exactly 0), so any change is a leak — compare exactly, or with a tolerance far below 1e-4",
-    ),
-]
+LEAKS_FUTURE_MISTAKES = mistakes(
+    "leaks_future",
+    {
+        "all outputs": _as_answer(_all_outputs),
+        "last input only": _as_answer(_last_input_only),
+        "first output only": _as_answer(_first_output_only),
+        "loose tolerance": _as_answer(_loose_tolerance),
+    },
+)
 
 
 def leaks_future(fn) -> CheckResult:

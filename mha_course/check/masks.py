@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import masks as _masks
-from .framework import Case, CheckResult, Mistake, run_check
+from .framework import Case, CheckResult, mistakes, run_check
 
 __all__ = ["causal_mask", "padding_mask"]
 
@@ -14,30 +14,15 @@ def _ones(q_len, k_len):
     return torch.ones(q_len, q_len if k_len is None else k_len, dtype=torch.bool)
 
 
-CAUSAL_MASK_MISTAKES = [
-    Mistake(
-        "inverted",
-        lambda q, k=None: ~_masks.causal_mask(q, k),
-        "polarity inverted: True means 'may attend', so the past and the diagonal are True and the future "
-        "is False (you marked the blocked positions)",
-    ),
-    Mistake(
-        "no diagonal",
-        lambda q, k=None: _masks.causal_mask(q, k).tril(-1 + (0 if k is None else k - q)),
-        "the diagonal is excluded: a query must see its own position (use tril() with the diagonal included)",
-    ),
-    Mistake(
-        "future",
-        lambda q, k=None: _ones(q, k).triu(0 if k is None else k - q),
-        "the mask lets each query see the future instead of the past: True belongs on and below the diagonal",
-    ),
-    Mistake(
-        "top-left",
-        lambda q, k=None: _ones(q, k).tril(),
-        "top-left alignment when k_len > q_len: the queries are the LAST q_len positions, so query i sees "
-        "keys j <= i + (k_len - q_len) — shift the diagonal by k_len - q_len",
-    ),
-]
+CAUSAL_MASK_MISTAKES = mistakes(
+    "causal_mask",
+    {
+        "inverted": lambda q, k=None: ~_masks.causal_mask(q, k),
+        "no diagonal": lambda q, k=None: _masks.causal_mask(q, k).tril(-1 + (0 if k is None else k - q)),
+        "future": lambda q, k=None: _ones(q, k).triu(0 if k is None else k - q),
+        "top-left": lambda q, k=None: _ones(q, k).tril(),
+    },
+)
 
 
 def causal_mask(fn) -> CheckResult:
@@ -70,30 +55,15 @@ def _real(lengths, max_len, *, op="lt"):
     return positions < lengths[:, None] if op == "lt" else positions <= lengths[:, None]  # (B, max_len)
 
 
-PADDING_MASK_MISTAKES = [
-    Mistake(
-        "inverted",
-        lambda lengths, n: ~_real(lengths, n)[:, None, None, :],
-        "polarity inverted: True marks the real tokens (positions < length), False the padding",
-    ),
-    Mistake(
-        "off by one",
-        lambda lengths, n: _real(lengths, n, op="le")[:, None, None, :],
-        "off by one: position j is a real token when j < length (positions count from 0), not j <= length",
-    ),
-    Mistake(
-        "no broadcast dims",
-        lambda lengths, n: _real(lengths, n),
-        "returned (B, max_len): add the two broadcast dims, mask[:, None, None, :] → (B, 1, 1, max_len), "
-        "so the mask lines up with scores (B, h, Lq, Lk)",
-    ),
-    Mistake(
-        "wrong broadcast dim",
-        lambda lengths, n: _real(lengths, n)[:, None, :, None],
-        "returned (B, 1, max_len, 1), which masks query positions: padding hides KEYS, so the last dim "
-        "must be max_len — (B, 1, 1, max_len)",
-    ),
-]
+PADDING_MASK_MISTAKES = mistakes(
+    "padding_mask",
+    {
+        "inverted": lambda lengths, n: ~_real(lengths, n)[:, None, None, :],
+        "off by one": lambda lengths, n: _real(lengths, n, op="le")[:, None, None, :],
+        "no broadcast dims": lambda lengths, n: _real(lengths, n),
+        "wrong broadcast dim": lambda lengths, n: _real(lengths, n)[:, None, :, None],
+    },
+)
 
 
 def padding_mask(fn) -> CheckResult:

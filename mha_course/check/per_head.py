@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from .framework import Case, CheckResult, Mistake, run_check, tensor_generator
+from .framework import Case, CheckResult, mistakes, run_check, tensor_generator
 
 __all__ = ["multi_head_attention_per_head"]
 
@@ -62,40 +62,18 @@ def _cases() -> list[Case]:
     ]
 
 
-MULTI_HEAD_ATTENTION_PER_HEAD_MISTAKES = [
-    Mistake(
-        "scale √d_model",
-        lambda *a: _variant(*a, scale="model"),
-        "scaled the scores by √d_model instead of √d_head: each head's dot products have only d_head terms",
-    ),
-    Mistake("no scale", lambda *a: _variant(*a, scale="none"), "forgot to divide each head's scores by √d_head"),
-    Mistake(
-        "softmax dim -2",
-        lambda *a: _variant(*a, dim=-2),
-        "softmax over the wrong axis (dim=-2, across queries): normalise each query's scores over the keys",
-    ),
-    Mistake(
-        "joint softmax",
-        lambda *a: _variant(*a, joint=True),
-        "one softmax across all heads together: each head needs its own softmax over the keys, so that "
-        "every head has a full unit of attention",
-    ),
-    Mistake(
-        "shared weights",
-        lambda *a: _variant(*a, shared=True),
-        "every head used head 0's matrices: head i must project with its own w_q[i], w_k[i], w_v[i]",
-    ),
-    Mistake(
-        "no W_O",
-        lambda *a: _variant(*a, out_proj=False),
-        "forgot the output projection: multiply the concatenated heads by w_o",
-    ),
-    Mistake(
-        "reversed order",
-        lambda *a: _variant(*a, order=range(a[1].shape[0] - 1, -1, -1)),
-        "the heads are concatenated in the wrong order: head 0 first, head h-1 last (w_o's row block i reads head i)",
-    ),
-]
+MULTI_HEAD_ATTENTION_PER_HEAD_MISTAKES = mistakes(
+    "multi_head_attention_per_head",
+    {
+        "scale √d_model": lambda *a: _variant(*a, scale="model"),
+        "no scale": lambda *a: _variant(*a, scale="none"),
+        "softmax dim -2": lambda *a: _variant(*a, dim=-2),
+        "joint softmax": lambda *a: _variant(*a, joint=True),
+        "shared weights": lambda *a: _variant(*a, shared=True),
+        "no W_O": lambda *a: _variant(*a, out_proj=False),
+        "reversed order": lambda *a: _variant(*a, order=range(a[1].shape[0] - 1, -1, -1)),
+    },
+)
 
 
 def multi_head_attention_per_head(fn) -> CheckResult:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import positions as _P
-from .framework import Case, CheckResult, Mistake, run_check, tensor_generator
+from .framework import Case, CheckResult, mistakes, run_check, tensor_generator
 
 __all__ = ["apply_rope", "rope_step"]
 
@@ -23,40 +23,17 @@ def _reference(x, positions, theta):
     return _P.apply_rope(x, positions, theta=theta)
 
 
-APPLY_ROPE_MISTAKES = [
-    Mistake(
-        "interleaved",
-        lambda x, p, t: _rope(x, p, t, layout="interleaved"),
-        "you rotated adjacent pairs (2i, 2i+1), Meta's interleaved layout; here pair i is coordinates i and "
-        "i + head_dim/2 (rotate-half, as in Hugging Face checkpoints)",
-    ),
-    Mistake(
-        "exponent i/d",
-        lambda x, p, t: _rope(x, p, t, exponent=1.0),
-        "the frequencies are θ^(-i/head_dim): the exponent is 2i/head_dim (i counts pairs, not coordinates)",
-    ),
-    Mistake(
-        "theta fixed",
-        lambda x, p, t: _rope(x, p, 10000.0),
-        "the base θ is fixed at 10,000 — use the theta argument (Llama 3 uses 500,000)",
-    ),
-    Mistake(
-        "direction",
-        lambda x, p, t: _rope(x, p, t, sign=-1.0),
-        "each pair turns the wrong way: (x1, x2) -> (x1·cos + x2·sin, x2·cos - x1·sin); the half that is "
-        "negated is the second: rotate_half(x) = (-x2, x1)",
-    ),
-    Mistake(
-        "positions ignored",
-        lambda x, p, t: _rope(x, torch.arange(x.shape[-2]), t),
-        "the rows are rotated by their index 0, 1, 2, … instead of by the positions given",
-    ),
-    Mistake(
-        "not rotated",
-        lambda x, p, t: x.clone(),
-        "x comes back unrotated",
-    ),
-]
+APPLY_ROPE_MISTAKES = mistakes(
+    "apply_rope",
+    {
+        "interleaved": lambda x, p, t: _rope(x, p, t, layout="interleaved"),
+        "exponent i/d": lambda x, p, t: _rope(x, p, t, exponent=1.0),
+        "theta fixed": lambda x, p, t: _rope(x, p, 10000.0),
+        "direction": lambda x, p, t: _rope(x, p, t, sign=-1.0),
+        "positions ignored": lambda x, p, t: _rope(x, torch.arange(x.shape[-2]), t),
+        "not rotated": lambda x, p, t: x.clone(),
+    },
+)
 
 
 def apply_rope(fn) -> CheckResult:
@@ -95,38 +72,17 @@ def _step(q, k, v, cache_length, theta, *, first=None, rotate_k=True, rotate_v=F
     return q, k, v
 
 
-ROPE_STEP_MISTAKES = [
-    Mistake(
-        "position 0",
-        lambda q, k, v, c, t: _step(q, k, v, c, t, first=0),
-        "the new tokens are rotated as positions 0, 1, … — they come after the cached ones: start at cache_length",
-    ),
-    Mistake(
-        "one late",
-        lambda q, k, v, c, t: _step(q, k, v, c, t, first=c + 1),
-        "off by one: the first new token's position is cache_length (positions count from 0), not cache_length + 1",
-    ),
-    Mistake(
-        "one early",
-        lambda q, k, v, c, t: _step(q, k, v, c, t, first=max(c - 1, 0)),
-        "off by one: the first new token's position is cache_length, not cache_length - 1",
-    ),
-    Mistake(
-        "v rotated",
-        lambda q, k, v, c, t: _step(q, k, v, c, t, rotate_v=True),
-        "v was rotated too: RoPE turns only q and k (positions enter the scores, not the values)",
-    ),
-    Mistake(
-        "k not rotated",
-        lambda q, k, v, c, t: _step(q, k, v, c, t, rotate_k=False),
-        "k goes to the cache unrotated: rotate it before caching (the cached keys are all rotated)",
-    ),
-    Mistake(
-        "interleaved",
-        lambda q, k, v, c, t: _step(q, k, v, c, t, layout="interleaved"),
-        "adjacent pairs (2i, 2i+1) rotated: use the rotate-half layout (pair i = i and i + head_dim/2)",
-    ),
-]
+ROPE_STEP_MISTAKES = mistakes(
+    "rope_step",
+    {
+        "position 0": lambda q, k, v, c, t: _step(q, k, v, c, t, first=0),
+        "one late": lambda q, k, v, c, t: _step(q, k, v, c, t, first=c + 1),
+        "one early": lambda q, k, v, c, t: _step(q, k, v, c, t, first=max(c - 1, 0)),
+        "v rotated": lambda q, k, v, c, t: _step(q, k, v, c, t, rotate_v=True),
+        "k not rotated": lambda q, k, v, c, t: _step(q, k, v, c, t, rotate_k=False),
+        "interleaved": lambda q, k, v, c, t: _step(q, k, v, c, t, layout="interleaved"),
+    },
+)
 
 
 def rope_step(fn) -> CheckResult:

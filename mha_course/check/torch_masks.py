@@ -14,7 +14,7 @@ import torch
 
 from ..masks import causal_mask, padding_mask, sliding_window_mask
 from ..multihead import MultiHeadAttention
-from .framework import Case, CheckResult, Mistake, run_check, tensor_generator
+from .framework import Case, CheckResult, mistakes, run_check, tensor_generator
 
 __all__ = ["to_torch_masks"]
 
@@ -55,32 +55,15 @@ def _course(x, mask, pad):
     return out.masked_fill(_empty_rows(mask, pad), 0.0)
 
 
-TO_TORCH_MASKS_MISTAKES = [
-    Mistake(
-        "not inverted",
-        _through_torch(lambda mask, pad: (mask, pad[:, 0, 0])),
-        "both masks keep the course's polarity: nn.MultiheadAttention reads True as BLOCKED, so each must be "
-        "inverted (True where the course has False)",
-    ),
-    Mistake(
-        "padding not inverted",
-        _through_torch(lambda mask, pad: (~mask, pad[:, 0, 0])),
-        "the key_padding_mask is not inverted: it must be True at the padding (the course's pad mask is True "
-        "at the real tokens)",
-    ),
-    Mistake(
-        "attn_mask not inverted",
-        _through_torch(lambda mask, pad: (mask, ~pad[:, 0, 0])),
-        "the attn_mask is not inverted: for nn.MultiheadAttention True means blocked, so the future (or whatever "
-        "the course's mask forbids) must be True",
-    ),
-    Mistake(
-        "transposed",
-        _through_torch(lambda mask, pad: (~mask.T, ~pad[:, 0, 0])),
-        "the attn_mask is transposed: rows are queries and columns keys in both conventions — only the "
-        "meaning of True changes",
-    ),
-]
+TO_TORCH_MASKS_MISTAKES = mistakes(
+    "to_torch_masks",
+    {
+        "not inverted": _through_torch(lambda mask, pad: (mask, pad[:, 0, 0])),
+        "padding not inverted": _through_torch(lambda mask, pad: (~mask, pad[:, 0, 0])),
+        "attn_mask not inverted": _through_torch(lambda mask, pad: (mask, ~pad[:, 0, 0])),
+        "transposed": _through_torch(lambda mask, pad: (~mask.T, ~pad[:, 0, 0])),
+    },
+)
 
 
 def to_torch_masks(fn) -> CheckResult:

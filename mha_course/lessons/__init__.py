@@ -14,6 +14,7 @@ tiny_training      07        the tiny attention model and its training loop
 head_ablation      07        removing and gating heads, attention mass, pruning curves
 solve_rates        07        how sure a solve rate is: Wilson intervals, Fisher's exact test
 pretrained         08        all-MiniLM-L6-v2 through the course's attention
+efficient_attention 09       tile figures; the readable module made fast one change at a time
 benchmark          09        ``python -m mha_course.lessons.benchmark``: the library against PyTorch
 diagnostics        10        per-head entropy, head similarity, NaN finder, causal leakage
 symptoms           10        the troubleshooting gallery: each symptom reproduced and fixed

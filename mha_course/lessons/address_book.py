@@ -95,6 +95,31 @@ def draw_bars(series: dict, labels, *, title: str, xlabel: str, ylabel: str):
     return fig
 
 
+def draw_steps(steps: LookupSteps, *, title: str):
+    """The four steps of one lookup as bar charts side by side: scores, scaled scores, weights, output.
+
+    Each panel has its own y axis (scores and weights live on different scales) and every bar
+    carries its value, so the panels are read by their numbers, not by colour. Returns the Figure.
+    """
+    panels = (
+        ("1. scores q·k", steps.scores, RECORDS, "score", "%.0f"),
+        ("2. scores / √d_k", steps.scaled, RECORDS, "scaled score", "%.1f"),
+        ("3. softmax weights", steps.weights, RECORDS, "weight (sums to 1)", "%.3f"),
+        ("4. output = weights @ V", steps.output, VALUE_NAMES, "amount of answer", "%.3f"),
+    )
+    fig, axes = plt.subplots(1, 4, figsize=(15, 3.6))
+    for ax, (panel_title, data, labels, ylabel, fmt) in zip(axes, panels, strict=True):
+        bars = ax.bar(range(len(labels)), data.tolist(), color="tab:blue" if labels is RECORDS else "tab:orange")
+        ax.bar_label(bars, fmt=fmt, fontsize=8)
+        ax.set_xticks(range(len(labels)))
+        ax.set_xticklabels(labels, rotation=20, ha="right")
+        ax.set(title=panel_title, ylabel=ylabel, ylim=(0, 1.15 * max(1.0, data.max().item())))
+        ax.set_xlabel("record (key)" if labels is RECORDS else "answer slot")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
 def draw_lookup(
     zhang_san: float = 3.0, li_si: float = 0.0, address: float = 1.0, phone: float = 1.0, scaled: bool = True
 ):

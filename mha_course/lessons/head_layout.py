@@ -8,8 +8,6 @@ they show exactly what ``view``/``transpose`` do to memory, not a formula about 
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 
 import matplotlib.pyplot as plt
@@ -157,9 +155,9 @@ def kernels_inside(fn: Callable[[], object], *, keep: tuple[str, ...] | None = A
     """Like :func:`kernels_called`, but also the kernels that run *inside* other kernels, as
     PyTorch's profiler records them: ``_native_multi_head_attention`` is one call at the
     dispatcher, and this shows what it runs (e.g. ``bmm, _softmax, bmm``)."""
-    from .benchmark import _quiet_c_stderr
+    from ..kit.memory import quiet_c_stderr
 
-    with _quiet_c_stderr(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    with quiet_c_stderr(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         fn()
     names = [e.name.removeprefix("aten::") for e in prof.events() if e.name.startswith("aten::")]
     return [n for n in names if keep is None or n in keep]
@@ -225,29 +223,3 @@ def cpu_caches() -> str:
         kib = int(size[:-1]) * (1024 if size.endswith("M") else 1) if size[-1] in "KM" else int(size) // 1024
         parts.append(f"{label} {kib // 1024} MiB" if kib >= 1024 and kib % 1024 == 0 else f"{label} {kib} KiB")
     return ", ".join(parts) if parts else "unknown"
-
-
-def median_times(
-    fns: dict[str, Callable[[], object]], *, repeats: int = 5, warmup: int = 1, num_threads: int | None = None
-) -> dict[str, float]:
-    """Median wall time in seconds of each ``fns[name]()``, timed round-robin (one call of each
-    per round, after ``warmup`` untimed rounds) so that a change in machine load hits all alike.
-    ``num_threads`` sets torch's intra-op threads for the measurement (restored afterwards).
-    Compare the results as ratios from one run, never as absolute numbers."""
-    validation.positive_int("repeats", repeats)
-    previous = torch.get_num_threads()
-    if num_threads is not None:
-        torch.set_num_threads(validation.positive_int("num_threads", num_threads))
-    try:
-        for _ in range(warmup):
-            for fn in fns.values():
-                fn()
-        times: dict[str, list[float]] = {name: [] for name in fns}
-        for _ in range(repeats):
-            for name, fn in fns.items():
-                start = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - start)
-    finally:
-        torch.set_num_threads(previous)
-    return {name: statistics.median(ts) for name, ts in times.items()}

@@ -139,20 +139,32 @@ def make_query(magnitude):
 
 
 def test_check_accepts_correct_queries_of_any_form():
-    assert mc.check.address_book_query(make_query(6.0)).passed
+    assert mc.check.address_book_query(make_query(12.0)).passed
 
     def signed(person, attribute):  # also says what it does NOT want
-        q = -4 * torch.ones(4)
-        q[FEATURE[person]] = 4
-        q[FEATURE[attribute]] = 4
+        q = -6 * torch.ones(4)
+        q[FEATURE[person]] = 6
+        q[FEATURE[attribute]] = 6
         return q
 
     assert mc.check.address_book_query(signed).passed
 
 
 def test_check_diagnoses_a_timid_query():
-    result = mc.check.address_book_query(make_query(3.0))  # weight 0.691 on the right record
-    assert not result.passed and "more decisive" in result.message and "0.691" in result.message
+    result = mc.check.address_book_query(make_query(6.0))  # weight 0.909 on the right record
+    assert not result.passed and "more decisive" in result.message and "0.909" in result.message
+
+
+def test_draw_steps_shows_the_four_steps_as_labelled_bars():
+    steps = address_book.lookup(address_book.query(zhang_san=6, address=6))
+    fig = address_book.draw_steps(steps, title="t")
+    try:
+        assert [ax.get_title() for ax in fig.axes][2] == "3. softmax weights"
+        heights = [p.get_height() for p in fig.axes[2].patches]
+        assert heights == pytest.approx(softmax_ref([6.0, 3.0, 3.0]), abs=1e-6)
+        assert all(ax.get_ylim()[0] == 0 for ax in fig.axes)
+    finally:
+        matplotlib.pyplot.close(fig)
 
 
 def test_check_diagnoses_swapped_features_and_missing_person():

@@ -11,7 +11,7 @@ from torch import nn  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 import mha_course as mc  # noqa: E402
-from mha_course.check.head_budget import attention_flops_split  # noqa: E402
+from mha_course.check.head_budget import ATTENTION_FLOPS_SPLIT_MISTAKES, attention_flops_split  # noqa: E402
 from mha_course.lessons import head_budget
 
 
@@ -140,43 +140,52 @@ def test_draw_flops_vs_length_plots_the_formulas():
     plt.close(fig)
 
 
-def _reference(batch, seq_len, d_model, num_heads):
-    return 8 * batch * seq_len * d_model**2, 4 * batch * seq_len**2 * d_model
+def _reference(batch, q_len, kv_len, d_model, num_heads, head_dim):
+    inner = num_heads * head_dim
+    return 4 * batch * d_model * inner * (q_len + kv_len), 4 * batch * num_heads * q_len * kv_len * head_dim
 
 
-def test_checker_accepts_a_correct_solution():
+def _counted(batch, q_len, kv_len, d_model, num_heads, head_dim):
+    """An independent count: PyTorch's FLOP counter on real tensors of these shapes."""
+    inner = num_heads * head_dim
+    xq, xkv = torch.randn(batch, q_len, d_model), torch.randn(batch, kv_len, d_model)
+    w_q, w_k, w_v = (torch.randn(d_model, inner) for _ in range(3))
+    w_o = torch.randn(inner, d_model)
+    with FlopCounterMode(display=False) as counter:
+        q = (xq @ w_q).view(batch, q_len, num_heads, head_dim).transpose(1, 2)
+        k = (xkv @ w_k).view(batch, kv_len, num_heads, head_dim).transpose(1, 2)
+        v = (xkv @ w_v).view(batch, kv_len, num_heads, head_dim).transpose(1, 2)
+        projections_so_far = counter.get_total_flops()
+        heads = torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v
+        scores = counter.get_total_flops() - projections_so_far
+        heads.transpose(1, 2).reshape(batch, q_len, inner) @ w_o
+    return counter.get_total_flops() - scores, scores
+
+
+def test_checker_accepts_correct_solutions_and_agrees_with_torch_counter():
+    for args in [(2, 3, 7, 16, 4, 8), (1, 5, 5, 32, 4, 8), (3, 1, 40, 24, 2, 16)]:
+        assert _reference(*args) == _counted(*args)
     assert attention_flops_split(_reference).passed
-    per_head = lambda b, n, d, h: (  # noqa: E731 - a loop over heads is fine too
-        sum(2 * b * n * d * (d // h) * 4 for _ in range(h)),
-        sum(2 * 2 * b * n * n * (d // h) for _ in range(h)),
-    )
-    assert attention_flops_split(per_head).passed
+
+    def per_product(b, lq, lk, d, h, hd):  # one term per matrix product, a loop over heads
+        mm = lambda m, k, n: 2 * m * k * n  # noqa: E731
+        proj = mm(b * lq, d, h * hd) + 2 * mm(b * lk, d, h * hd) + mm(b * lq, h * hd, d)
+        return proj, sum(mm(b * lq, hd, lk) + mm(b * lq, lk, hd) for _ in range(h))
+
+    assert attention_flops_split(per_product).passed
 
 
-@pytest.mark.parametrize(
-    "wrong, words",
-    [
-        (lambda b, n, d, h: _reference(b, n, d, h)[::-1], "swapped"),
-        (lambda b, n, d, h: (4 * b * n * d * d, 2 * b * n * n * d), "multiply-adds"),
-        (lambda b, n, d, h: (6 * b * n * d * d, 4 * b * n * n * d), "output projection"),
-        (lambda b, n, d, h: (8 * b * n * d * d, 2 * b * n * n * d), "weights @ V"),
-        (lambda b, n, d, h: (8 * b * n * d * d, 4 * b * n * n * d * h), "d_head = d/h"),
-        (lambda b, n, d, h: (8 * b * n * d * d * h, 4 * b * n * n * d), "do not depend on h"),
-        (lambda b, n, d, h: (8 * b * n * d * d, 4 * b * n * n * (d // h)), "one head"),
-        (lambda b, n, d, h: (8 * b * n * d * d, 4 * b * n * d), "L²"),
-        (lambda b, n, d, h: (8 * n * d * d, 4 * n * n * d), "batch"),
-    ],
-)
-def test_checker_names_the_mistake(wrong, words):
-    result = attention_flops_split(wrong)
-    assert not result.passed and "likely mistake" in result.message and words in result.message
+def test_checker_names_each_listed_mistake():
+    for mistake in ATTENTION_FLOPS_SPLIT_MISTAKES:
+        result = attention_flops_split(mistake.fn)
+        assert not result.passed and mistake.diagnosis in result.message, mistake.name
 
 
 def test_checker_reports_floats_and_not_attempted():
-    result = attention_flops_split(lambda b, n, d, h: tuple(float(x) for x in _reference(b, n, d, h)))
+    result = attention_flops_split(lambda *args: tuple(float(x) for x in _reference(*args)))
     assert not result.passed and "return an int" in result.message
 
-    def todo(b, n, d, h):
+    def todo(b, lq, lk, d, h, hd):
         raise NotImplementedError
 
     assert attention_flops_split(todo).status == "not attempted"

@@ -167,10 +167,12 @@ def gather_blocks(fn) -> CheckResult:
 # MLA cache bytes
 
 
-def _mla(num_layers, kv_lora_rank, qk_rope_head_dim, seq_len, batch=1, bytes_per_element=2):
-    return _latent.mla_cache_bytes(
-        num_layers, kv_lora_rank, qk_rope_head_dim, seq_len, batch=batch, bytes_per_element=bytes_per_element
-    )
+_MLA_ARGS = ("num_layers", "kv_lora_rank", "qk_rope_head_dim", "seq_len", "batch", "bytes_per_element")
+
+
+def _mla(*args, **kwargs):
+    """mla_cache_bytes, with batch and bytes_per_element also by position (as the cases give them)."""
+    return _latent.mla_cache_bytes(**dict(zip(_MLA_ARGS, args, strict=False)), **kwargs)
 
 
 def _mla_variant(per_token):
@@ -224,12 +226,5 @@ def mla_cache_bytes(fn) -> CheckResult:
             info={"heads": 4, "head_dim": 16},
         ),
     ]
-    return run_check(
-        "mla_cache_bytes",
-        fn,
-        cases,
-        _mla,
-        MLA_CACHE_BYTES_MISTAKES,
-        arg_names=("num_layers", "kv_lora_rank", "qk_rope_head_dim", "seq_len"),
-        output_label="your answer",
-    )
+    mistakes_, names = MLA_CACHE_BYTES_MISTAKES, _MLA_ARGS[:4]
+    return run_check("mla_cache_bytes", fn, cases, _mla, mistakes_, arg_names=names, output_label="your answer")

@@ -201,18 +201,9 @@ def draw_head(head: int = 0, query: int = 7):
     weights = attention_by_hand(embeddings(), head_weights())["weights"][head]  # (L, L)
     labels = token_labels()
     fig, (ax_map, ax_row) = plt.subplots(1, 2, figsize=(12, 4.6), gridspec_kw={"width_ratios": [5, 4]})
-    heatmap(
-        weights,
-        row_labels=labels,
-        col_labels=labels,
-        ax=ax_map,
-        vmin=0,
-        vmax=1,
-        cmap="Blues",
-        title=f"head {head} ({HEAD_NAMES[head]}): every query row",
-        xlabel="key (attended to)",
-        ylabel="query (attending)",
-    )
+    title = f"head {head} ({HEAD_NAMES[head]}): every query row"
+    style = {"vmin": 0, "vmax": 1, "cmap": "Blues", "xlabel": "key (attended to)", "ylabel": "query (attending)"}
+    heatmap(weights, row_labels=labels, col_labels=labels, ax=ax_map, title=title, **style)
     ax_map.add_patch(Rectangle((-0.5, query - 0.5), len(TOKENS), 1, fill=False, edgecolor="red", linewidth=2))
     row = weights[query]
     bars = ax_row.bar(range(len(TOKENS)), row.tolist(), color="tab:blue")

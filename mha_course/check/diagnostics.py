@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from .framework import Case, CheckResult, Mistake, run_check, tensor_generator
+from .framework import Case, CheckResult, mistakes, run_check, tensor_generator
 
 __all__ = ["attention_entropy"]
 
@@ -41,45 +41,19 @@ def _cases() -> list[Case]:
     ]
 
 
-ATTENTION_ENTROPY_MISTAKES = [
-    Mistake(
-        "0·log 0",
-        lambda w: -(w * torch.log(w)).sum(dim=-1).mean(dim=(0, 2)),
-        "a weight of exactly 0 gives 0·log 0 = 0·(−inf) = NaN: define that term as 0 "
-        "(torch.where(w > 0, ...), or torch.special.xlogy(w, w))",
-    ),
-    Mistake(
-        "log2",
-        lambda w: _reference(w) / math.log(2),
-        "entropy in bits (log base 2): use the natural log, so a uniform row over n keys gives ln n",
-    ),
-    Mistake("sign", lambda w: -_reference(w), "the minus sign is missing: entropy is −Σ p log p, never negative"),
-    Mistake(
-        "normalised",
-        lambda w: _reference(w) / math.log(w.shape[-1]),
-        "divided by ln Lk: the exercise asks for the plain entropy in nats, not the normalised one",
-    ),
-    Mistake(
-        "query axis",
-        lambda w: -_plogp(w).sum(dim=-2).mean(dim=(0, 2)),
-        "summed over the queries (dim −2): each query's row over the keys (dim −1) is one distribution",
-    ),
-    Mistake(
-        "sum over queries",
-        lambda w: -_plogp(w).sum(dim=-1).sum(dim=2).mean(dim=0),
-        "summed the rows' entropies over the queries: take the mean over batch and queries",
-    ),
-    Mistake(
-        "kept batch",
-        lambda w: -_plogp(w).sum(dim=-1).mean(dim=2),
-        "one value per (batch, head): average over the batch dim too, to get one value per head (h,)",
-    ),
-    Mistake(
-        "over heads",
-        lambda w: _reference(w).mean(),
-        "averaged over the heads as well: return one entropy per head, shape (h,)",
-    ),
-]
+ATTENTION_ENTROPY_MISTAKES = mistakes(
+    "attention_entropy",
+    {
+        "0·log 0": lambda w: -(w * torch.log(w)).sum(dim=-1).mean(dim=(0, 2)),
+        "log2": lambda w: _reference(w) / math.log(2),
+        "sign": lambda w: -_reference(w),
+        "normalised": lambda w: _reference(w) / math.log(w.shape[-1]),
+        "query axis": lambda w: -_plogp(w).sum(dim=-2).mean(dim=(0, 2)),
+        "sum over queries": lambda w: -_plogp(w).sum(dim=-1).sum(dim=2).mean(dim=0),
+        "kept batch": lambda w: -_plogp(w).sum(dim=-1).mean(dim=2),
+        "over heads": lambda w: _reference(w).mean(),
+    },
+)
 
 
 def attention_entropy(fn) -> CheckResult:

@@ -9,7 +9,7 @@ import torch
 
 from ..attention import scaled_dot_product_attention
 from ..heads import merge_heads, split_heads
-from .framework import Case, CheckResult, Mistake, run_check, tensor_generator
+from .framework import Case, CheckResult, mistakes, run_check, tensor_generator
 
 __all__ = ["gradient_importance"]
 
@@ -70,37 +70,16 @@ def _reference(loss_fn, batch_size, num_heads):
     return _gradient(loss_fn, batch_size, num_heads).abs().mean(dim=0)  # (h,): E_x |∂L(x)/∂ξ_h|
 
 
-GRADIENT_IMPORTANCE_MISTAKES = [
-    Mistake(
-        "no absolute value",
-        lambda f, B, h: _gradient(f, B, h).mean(dim=0),
-        "the signed gradients were averaged: a head that helps some sequences and hurts others would "
-        "cancel out — take each sequence's absolute value before averaging",
-    ),
-    Mistake(
-        "absolute value after the mean",
-        lambda f, B, h: _gradient(f, B, h).mean(dim=0).abs(),
-        "the absolute value was taken after averaging over the sequences: average |∂L/∂ξ| per sequence "
-        "instead, so that gradients of opposite sign do not cancel",
-    ),
-    Mistake(
-        "gates at zero",
-        lambda f, B, h: _gradient(f, B, h, at=0.0).abs().mean(dim=0),
-        "the gradient was taken with every gate at 0 (every head removed): the importance is measured "
-        "at the working model, with every gate at 1",
-    ),
-    Mistake(
-        "gradient of the mean loss",
-        lambda f, B, h: _gradient(f, B, h, reduce="mean").abs().mean(dim=0),
-        "the gradient of the batch's mean loss divides each sequence's gradient by B: differentiate the "
-        "sum of the per-sequence losses (each gate belongs to one sequence) and then average",
-    ),
-    Mistake(
-        "summed over sequences",
-        lambda f, B, h: _gradient(f, B, h).abs().sum(dim=0),
-        "the per-sequence values were summed: return their mean over the B sequences",
-    ),
-]
+GRADIENT_IMPORTANCE_MISTAKES = mistakes(
+    "gradient_importance",
+    {
+        "no absolute value": lambda f, B, h: _gradient(f, B, h).mean(dim=0),
+        "absolute value after the mean": lambda f, B, h: _gradient(f, B, h).mean(dim=0).abs(),
+        "gates at zero": lambda f, B, h: _gradient(f, B, h, at=0.0).abs().mean(dim=0),
+        "gradient of the mean loss": lambda f, B, h: _gradient(f, B, h, reduce="mean").abs().mean(dim=0),
+        "summed over sequences": lambda f, B, h: _gradient(f, B, h).abs().sum(dim=0),
+    },
+)
 
 
 def _cases() -> list[Case]:

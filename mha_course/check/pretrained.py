@@ -6,7 +6,7 @@ import torch
 
 from ..lessons.pretrained import next_token_score
 from ..lessons.pretrained import previous_token_score as _reference
-from .framework import Case, Mistake, run_check, tensor_generator
+from .framework import Case, mistakes, run_check, tensor_generator
 
 __all__ = ["previous_token_score"]
 
@@ -23,48 +23,18 @@ def _argmax_hits(attn):
     return hits.to(attn.dtype).mean(dim=-1)
 
 
-PREVIOUS_TOKEN_SCORE_MISTAKES = [
-    Mistake(
-        "diagonal",
-        lambda a: a.diagonal(dim1=-2, dim2=-1).mean(dim=-1),
-        "you read the diagonal attn[i, i] (the token itself); the previous token of query i is "
-        "key i-1, just below the diagonal: diagonal(offset=-1)",
-    ),
-    Mistake(
-        "next token",
-        next_token_score,
-        "you measured the next token attn[i, i+1] (above the diagonal); rows are queries and "
-        "columns keys, so the previous token is attn[i, i-1]: diagonal(offset=-1)",
-    ),
-    Mistake(
-        "divide by L",
-        lambda a: a.diagonal(offset=-1, dim1=-2, dim2=-1).sum(dim=-1) / a.shape[-1],
-        "you divided by L; only the L-1 queries i = 1..L-1 have a previous token ([CLS] at "
-        "position 0 has none), so average over those L-1",
-    ),
-    Mistake(
-        "sum",
-        lambda a: a.diagonal(offset=-1, dim1=-2, dim2=-1).sum(dim=-1),
-        "you summed the L-1 weights; take their mean, so that 1 means a perfect previous-token head",
-    ),
-    Mistake(
-        "argmax",
-        _argmax_hits,
-        "you counted how often the previous token gets the most attention; this score is the "
-        "average attention weight on it (attn[i, i-1] averaged over i)",
-    ),
-    Mistake(
-        "default dims",
-        lambda a: a.diagonal(offset=-1).mean(dim=-1),
-        "diagonal() takes the diagonal of dims 0 and 1 by default, which mixes layers and heads "
-        "when there are batch dims: use attn.diagonal(offset=-1, dim1=-2, dim2=-1)",
-    ),
-    Mistake(
-        "whole map",
-        lambda a: a.mean(dim=(-2, -1)),
-        "you averaged the whole map (that is always 1/L); keep only the entries attn[i, i-1]",
-    ),
-]
+PREVIOUS_TOKEN_SCORE_MISTAKES = mistakes(
+    "previous_token_score",
+    {
+        "diagonal": lambda a: a.diagonal(dim1=-2, dim2=-1).mean(dim=-1),
+        "next token": next_token_score,
+        "divide by L": lambda a: a.diagonal(offset=-1, dim1=-2, dim2=-1).sum(dim=-1) / a.shape[-1],
+        "sum": lambda a: a.diagonal(offset=-1, dim1=-2, dim2=-1).sum(dim=-1),
+        "argmax": _argmax_hits,
+        "default dims": lambda a: a.diagonal(offset=-1).mean(dim=-1),
+        "whole map": lambda a: a.mean(dim=(-2, -1)),
+    },
+)
 
 
 def previous_token_score(fn):

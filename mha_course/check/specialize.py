@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .framework import Case, CheckResult, Mistake, run_check, tensor_generator
+from .framework import Case, CheckResult, mistakes, run_check, tensor_generator
 
 __all__ = ["ablate_heads"]
 
@@ -64,53 +64,19 @@ def _cases() -> list[Case]:
     ]
 
 
-ABLATE_HEADS_MISTAKES = [
-    Mistake(
-        "inverted",
-        lambda *a: _variant(*a, how="inverted"),
-        "you kept the heads listed in `heads` and removed the others: `heads` lists the heads to remove",
-    ),
-    Mistake(
-        "no bias",
-        lambda *a: _variant(*a, how="no bias"),
-        "the bias b_o is missing: removing heads leaves W_O's bias in place (add b_o after the projection)",
-    ),
-    Mistake(
-        "rescaled",
-        lambda *a: _variant(*a, how="rescaled"),
-        "you rescaled the kept heads (by h / number kept, as dropout does): ablation only sets the removed "
-        "heads to zero and leaves the others as they are",
-    ),
-    Mistake(
-        "no transpose",
-        lambda *a: _variant(*a, how="no transpose"),
-        "reshape without transpose: (B, h, L, d_head) reshaped straight to (B, L, h·d_head) mixes tokens "
-        "into heads — transpose(1, 2) first (or use mc.merge_heads)",
-    ),
-    Mistake(
-        "interleaved",
-        lambda *a: _variant(*a, how="interleaved"),
-        "the heads are interleaved feature by feature: head i's output belongs in the contiguous columns "
-        "[i·d_head, (i+1)·d_head) of the concatenation — transpose(1, 2), then reshape",
-    ),
-    Mistake(
-        "strided",
-        lambda *a: _variant(*a, how="strided"),
-        "you zeroed every h-th column (i::h); head i owns the contiguous block [i·d_head, (i+1)·d_head) of the "
-        "concatenation",
-    ),
-    Mistake(
-        "after W_O",
-        lambda *a: _variant(*a, how="after W_O"),
-        "you zeroed output features after W_O; W_O mixes all heads into every output feature, so remove the "
-        "head from its input (the concatenation) before the projection",
-    ),
-    Mistake(
-        "no .T",
-        lambda *a: _variant(*a, how="no .T"),
-        "w_o is stored as nn.Linear stores it, (d_model, h·d_head): project with concat @ w_o.T",
-    ),
-]
+ABLATE_HEADS_MISTAKES = mistakes(
+    "ablate_heads",
+    {
+        "inverted": lambda *a: _variant(*a, how="inverted"),
+        "no bias": lambda *a: _variant(*a, how="no bias"),
+        "rescaled": lambda *a: _variant(*a, how="rescaled"),
+        "no transpose": lambda *a: _variant(*a, how="no transpose"),
+        "interleaved": lambda *a: _variant(*a, how="interleaved"),
+        "strided": lambda *a: _variant(*a, how="strided"),
+        "after W_O": lambda *a: _variant(*a, how="after W_O"),
+        "no .T": lambda *a: _variant(*a, how="no .T"),
+    },
+)
 
 
 def ablate_heads(fn) -> CheckResult:

@@ -209,16 +209,17 @@ class Encoder(nn.Module):
         """The same function as ``transformers``' ``BertModel`` ``model``, weights copied
         (see :data:`WEIGHT_NAMES` for which tensor goes where)."""
         c = model.config
-        enc = cls(
-            vocab_size=c.vocab_size,
-            max_positions=c.max_position_embeddings,
-            type_vocab_size=c.type_vocab_size,
-            d_model=c.hidden_size,
-            num_heads=c.num_attention_heads,
-            num_layers=c.num_hidden_layers,
-            d_ff=c.intermediate_size,
-            eps=c.layer_norm_eps,
-        )
+        names = {  # our argument: BertConfig's field
+            "vocab_size": "vocab_size",
+            "max_positions": "max_position_embeddings",
+            "type_vocab_size": "type_vocab_size",
+            "d_model": "hidden_size",
+            "num_heads": "num_attention_heads",
+            "num_layers": "num_hidden_layers",
+            "d_ff": "intermediate_size",
+            "eps": "layer_norm_eps",
+        }
+        enc = cls(**{ours: getattr(c, field) for ours, field in names.items()})
         theirs = model.state_dict()
         ours = {name: theirs[hf_name(name)] for name in enc.state_dict()}
         enc.load_state_dict(ours, strict=True)
@@ -424,18 +425,8 @@ def draw_head(layer: int, head: int, sentence: str, *, encoder: Encoder, tokeniz
     n = len(tokens)
     fig, ax = plt.subplots(figsize=(0.42 * n + 2.6, 0.38 * n + 1.6))
     summary = ", ".join(f"{role} {v:.2f}" for role, v in scores.items())
-    heatmap(
-        m,
-        row_labels=tokens,
-        col_labels=tokens,
-        title=f"layer {layer}, head {head}\n{summary}",
-        xlabel="key (attended to)",
-        ylabel="query (attending)",
-        ax=ax,
-        vmin=0.0,
-        vmax=1.0,
-        annotate=False,
-    )
+    style = {"vmin": 0.0, "vmax": 1.0, "annotate": False, "xlabel": "key (attended to)", "ylabel": "query (attending)"}
+    heatmap(m, row_labels=tokens, col_labels=tokens, title=f"layer {layer}, head {head}\n{summary}", ax=ax, **style)
     ax.images[0].colorbar.set_label("attention weight")
     ax.title.set_fontsize(9)
     fig.tight_layout()

@@ -20,10 +20,11 @@ Method
 * Timing: all implementations of one configuration — and a (B·L, d) @ (d, d) matmul, the
   machine's reference rate — are timed round-robin, one sample each per round, after one untimed
   warm-up round, so that a change in machine load hits all of them alike. A sample is one call,
-  or as many calls as fill 20 ms for short ones, timed with ``time.perf_counter``; the samples
-  are collected in ``torch.utils.benchmark.Measurement`` objects (median, IQR).
-  (``benchmark.Timer.timeit`` would add two warm-up calls before every sample, tripling the cost
-  of second-long calls.)
+  or as many calls as fill 20 ms for short ones, timed with ``time.perf_counter``; each
+  implementation's samples are summarised by their median and interquartile range (IQR).
+  (``torch.utils.benchmark.Timer.timeit`` would add two warm-up calls before every sample,
+  tripling the cost of second-long calls; importing ``torch.utils.benchmark`` at all makes a CUDA
+  build of PyTorch on a machine without a GPU print a warning, so this module does not.)
 * Ratios: each implementation against ``nn.MultiheadAttention`` with the same semantics
   (``REFERENCE``: with weights vs ``torch+weights``, without vs ``torch``), computed within each
   round and reported as the median over rounds — steadier than a ratio of medians on a shared
@@ -61,8 +62,6 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
-from torch.utils.benchmark import Measurement
-from torch.utils.benchmark.utils.common import TaskSpec
 
 from . import _validate
 from .accounting import attention_flops
@@ -198,7 +197,12 @@ def peak_memory(fn: Callable[[], object]) -> int:
     """
     from torch.profiler import ProfilerActivity, profile
 
-    with _quiet_c_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    # acc_events=True changes nothing for one profiling cycle, but without it torch 2.11 warns that
+    # events of earlier cycles are dropped on every use (2.13 only when a profiler is reused)
+    with (
+        _quiet_c_stderr(),
+        profile(activities=[ProfilerActivity.CPU], profile_memory=True, acc_events=True) as prof,
+    ):
         fn()
     events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
     live = peak = 0
@@ -338,18 +342,13 @@ def time_round_robin(
     return times
 
 
-def _measurement(name: str, config: Config, samples: list[float]) -> Measurement:
-    spec = TaskSpec(
-        stmt=name,
-        setup="",
-        global_setup="",
-        label="attention forward",
-        sub_label=str(config),
-        description=name,
-        env=None,
-        num_threads=torch.get_num_threads(),
-    )
-    return Measurement(number_per_run=1, raw_times=samples, task_spec=spec)
+def median_and_iqr(samples: list[float]) -> tuple[float, float]:
+    """Median and interquartile range (75th minus 25th percentile, linear interpolation between
+    the sorted samples, as ``numpy.percentile`` and ``torch.quantile`` compute it) of ``samples``."""
+    if len(samples) < 2:
+        return statistics.median(samples), 0.0
+    p25, _, p75 = statistics.quantiles(samples, n=4, method="inclusive")
+    return statistics.median(samples), p75 - p25
 
 
 def run(
@@ -393,19 +392,19 @@ def run(
             report.matmul_gflops[str(config)] = flops(config, MATMUL) / statistics.median(mm) / 1e9
             report.matmul_samples_s[str(config)] = mm
             for name in wanted:
-                m = _measurement(name, config, times[name])
+                median_s, iqr_s = median_and_iqr(times[name])
                 ratios = [t / r for t, r in zip(times[name], times[REFERENCE[name]], strict=True)]
                 work = flops(config, name) / flops(config, MATMUL)  # rate ratio = work ratio / time ratio
                 of_matmul = [work * t_mm / t for t, t_mm in zip(times[name], mm, strict=True)]
                 result = Result(
                     config,
                     name,
-                    m.median,
-                    m.iqr,
+                    median_s,
+                    iqr_s,
                     statistics.median(ratios),
                     min(ratios),
                     max(ratios),
-                    flops(config, name) / m.median / 1e9,
+                    flops(config, name) / median_s / 1e9,
                     statistics.median(of_matmul),
                     max_abs_error=err[name],
                     samples_s=times[name],

@@ -49,6 +49,39 @@ def test_rates_are_flops_over_time_and_relative_to_the_matmul_of_the_same_rounds
         )
 
 
+@pytest.mark.parametrize("samples", [[3.0], [2.0, 1.0], [5.0, 1.0, 4.0], [0.3, 0.1, 0.2, 0.9, 0.5, 0.4, 0.8]])
+def test_median_and_iqr_match_numpy_percentiles(samples):
+    import numpy as np
+
+    median, iqr = bench.median_and_iqr(samples)
+    assert median == pytest.approx(np.percentile(samples, 50))
+    assert iqr == pytest.approx(np.percentile(samples, 75) - np.percentile(samples, 25))
+
+
+def test_importing_the_benchmark_and_measuring_memory_print_nothing():
+    """What a notebook kernel would show under its cells: on a CUDA build of PyTorch without a GPU
+    (Colab's CPU runtime, a plain pip install on a laptop), importing torch.utils.cpp_extension
+    prints "No CUDA runtime is found", so the course must not pull it in (torch.utils.benchmark
+    does); and torch's profiler, behind peak_memory, must raise no warning (torch 2.11 warned on
+    every use unless acc_events=True). A fresh interpreter, so that no warning was shown before."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, warnings, mha_course, mha_course.bench, mha_course.batched, mha_course.budget, torch\n"
+        "bad = sorted(m for m in sys.modules if m.startswith(('torch.utils.cpp_extension', 'torch.utils.benchmark')))\n"
+        "print(bad)\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"  # peak_memory silences fd 2: record them
+        "    warnings.simplefilter('always')\n"
+        "    for _ in range(2):\n"
+        "        mha_course.bench.peak_memory(lambda: torch.ones(64, 64) @ torch.ones(64, 64))\n"
+        "print([str(w.message) for w in caught])"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert result.stdout.splitlines() == ["[]", "[]"], result.stdout
+    assert result.stderr == "", result.stderr
+
+
 def test_memory_is_measured_per_implementation(report):
     for r in report.results:
         assert isinstance(r.alloc_bytes, int) and r.alloc_bytes > 0

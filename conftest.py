@@ -6,6 +6,6 @@ settings that make notebooks deterministic are made here, once, for every way th
 
 import os
 
-from mha_course.notebook_tools import EXEC_ENV
+from authoring.notebooks import EXEC_ENV
 
 os.environ.update(EXEC_ENV)

@@ -4,38 +4,63 @@ The package the course notebooks import. Conventions: tensors are batch-first; B
 L / Lq / Lk lengths, d_model width, h = num_heads, h_kv = num_kv_heads, d_head = d_model // h;
 boolean masks mean True = may attend.
 
-Attention
-    scaled_dot_product_attention(q, k, v, mask=None, *, scale=None) -> (out, weights)
-    split_heads(x, num_heads): (B, L, h*d_head) -> (B, h, L, d_head);  merge_heads(x): inverse
-    LoopedMultiHeadAttention(d_model, num_heads, *, bias=True)            .to_fused()
-    MultiHeadAttention(d_model, num_heads, *, bias=True, kdim=None, vdim=None, dropout=0.0)
-        .forward(query, key=None, value=None, *, mask=None, need_weights=True) -> (out, weights|None)
-        .from_torch(nn.MultiheadAttention)  .to_torch()
-Masks
-    causal_mask(q_len, k_len=None), sliding_window_mask(q_len, window, k_len=None),
-    padding_mask(lengths, max_len) -> (B, 1, 1, max_len)
-Grouped-query attention and the KV cache
-    repeat_kv(x, n_rep), GroupedQueryAttention(d_model, num_heads, num_kv_heads, *, head_dim=None,
-    bias=False), KVCache
-Accounting
-    count_attention_params, attention_flops, kv_cache_bytes, MODEL_CONFIGS (name -> ModelConfig)
-Exercises
-    mha_course.check.<exercise>(fn) -> CheckResult
-Notebooks
-    setup(seed=0), environment_report()
+The package has three layers, one folder each (``ls`` shows them):
+
+* the attention library (this folder; what ``mc.*`` exports; imports only torch)
+    attention   scaled_dot_product_attention(q, k, v, mask=None, *, scale=None) -> (out, weights)
+    heads       split_heads(x, num_heads): (B, L, h*d_head) -> (B, h, L, d_head); merge_heads(x)
+    multihead   LoopedMultiHeadAttention, MultiHeadAttention (.from_torch, .to_torch, .to_fused)
+    masks       causal_mask, sliding_window_mask, padding_mask
+    gqa         repeat_kv, GroupedQueryAttention, KVCache
+    tiled       tiled_attention, online_softmax_update (the FlashAttention idea)
+    block       EncoderBlock, Encoder
+    accounting  count_attention_params, attention_flops, kv_cache_bytes
+    configs     MODEL_CONFIGS (name -> ModelConfig)
+    validation  the argument checks every public function runs first
+* ``kit/`` — what every notebook uses: setup, plotting, widgets, quiz, verify, hint (the exercises'
+  hint ladders), predict ("predict, then run"); plotting, widgets, quiz and verify load on first
+  use, so ``import mha_course`` does not import matplotlib or ipywidgets
+* ``lessons/`` — the helpers of one notebook each (see ``mha_course.lessons``)
+* ``check/`` — the exercise checkers: ``mc.check.<exercise>(fn) -> CheckResult``
 """
 
-from . import check, plotting, quiz, widgets  # noqa: E402
+import importlib
+
 from .accounting import attention_flops, count_attention_params, kv_cache_bytes
 from .attention import scaled_dot_product_attention
 from .configs import MODEL_CONFIGS, ModelConfig
-from .env import environment_report, setup
 from .gqa import GroupedQueryAttention, KVCache, repeat_kv
 from .heads import merge_heads, split_heads
+from .kit.hint_ladder import hint
+from .kit.predict import predict
+from .kit.setup import device, environment_report, setup
 from .masks import causal_mask, padding_mask, sliding_window_mask
 from .multihead import LoopedMultiHeadAttention, MultiHeadAttention
 
 __version__ = "0.1.0"
+
+#: submodules loaded on first attribute access (``mc.quiz.show("01")``): they import matplotlib,
+#: ipywidgets or the checkers, which a script that only computes attention does not need
+_LAZY = {
+    "check": "mha_course.check",
+    "plotting": "mha_course.kit.plotting",
+    "quiz": "mha_course.kit.quiz",
+    "verify": "mha_course.kit.verify",
+    "widgets": "mha_course.kit.widgets",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        module = importlib.import_module(_LAZY[name])
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module 'mha_course' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))
+
 
 __all__ = [
     "scaled_dot_product_attention",
@@ -54,10 +79,9 @@ __all__ = [
     "kv_cache_bytes",
     "MODEL_CONFIGS",
     "ModelConfig",
-    "check",
-    "plotting",
-    "quiz",
-    "widgets",
     "setup",
     "environment_report",
+    "hint",
+    "predict",
+    "device",
 ]

@@ -6,20 +6,7 @@ head_dim defaults to d_model // num_heads; num_kv_heads defaults to num_heads (M
 
 from __future__ import annotations
 
-from . import _validate
-
-
-def _heads(d_model, num_heads, num_kv_heads, head_dim):
-    _validate.positive_int("d_model", d_model)
-    _validate.positive_int("num_heads", num_heads)
-    h_kv = num_heads if num_kv_heads is None else _validate.positive_int("num_kv_heads", num_kv_heads)
-    if num_heads % h_kv:
-        raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={h_kv}")
-    if head_dim is None:
-        head_dim = _validate.divisible(d_model, num_heads)
-    else:
-        _validate.positive_int("head_dim", head_dim)
-    return h_kv, head_dim
+from . import validation
 
 
 def count_attention_params(d_model, num_heads, num_kv_heads=None, *, head_dim=None, bias=True) -> int:
@@ -29,7 +16,7 @@ def count_attention_params(d_model, num_heads, num_kv_heads=None, *, head_dim=No
     ``nn.MultiheadAttention``), False = none (Llama, Mistral, Gemma), ``"qkv"`` = on Q, K, V
     only (Qwen2). For MHA with head_dim = d/h this is 4·d² (+ 4·d biases), whatever h is.
     """
-    h_kv, hd = _heads(d_model, num_heads, num_kv_heads, head_dim)
+    h_kv, hd = validation.head_shape(d_model, num_heads, num_kv_heads, head_dim)
     if not (isinstance(bias, bool) or (isinstance(bias, str) and bias == "qkv")):
         raise ValueError(f"bias must be True, False or 'qkv', got {bias!r}")
     q, kv, o = num_heads * hd, h_kv * hd, num_heads * hd  # output widths of W_Q, W_K (=W_V), input of W_O
@@ -44,9 +31,9 @@ def attention_flops(batch, seq_len, d_model, num_heads, num_kv_heads=None, *, he
     Projections: 2·B·L·d·(2·h·hd + 2·h_kv·hd)  — 8·B·L·d² for MHA with hd = d/h.
     Scores Q Kᵀ and weights @ V: 2 · 2·B·h·L²·hd — 4·B·L²·d for MHA.
     """
-    _validate.positive_int("batch", batch)
-    _validate.positive_int("seq_len", seq_len)
-    h_kv, hd = _heads(d_model, num_heads, num_kv_heads, head_dim)
+    validation.positive_int("batch", batch)
+    validation.positive_int("seq_len", seq_len)
+    h_kv, hd = validation.head_shape(d_model, num_heads, num_kv_heads, head_dim)
     projections = 2 * batch * seq_len * d_model * (2 * num_heads * hd + 2 * h_kv * hd)
     scores = 2 * 2 * batch * num_heads * seq_len * seq_len * hd
     return projections + scores
@@ -65,5 +52,5 @@ def kv_cache_bytes(num_layers, num_kv_heads, head_dim, seq_len, *, batch=1, byte
         ("batch", batch),
         ("bytes_per_element", bytes_per_element),
     ):
-        _validate.positive_int(name, value, allow_zero=name == "seq_len")
+        validation.positive_int(name, value, allow_zero=name == "seq_len")
     return 2 * num_layers * num_kv_heads * head_dim * seq_len * batch * bytes_per_element

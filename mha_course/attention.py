@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from . import _validate
+from . import validation
 
 
 def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None):
@@ -26,7 +26,7 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None):
     never NaN. Equivalent to ``torch.nn.functional.scaled_dot_product_attention`` (which returns
     only the output) on rows that have at least one allowed key.
     """
-    _validate.attention_inputs(q, k, v, mask)  # shapes, dtypes and the mask, or a clear error
+    validation.attention_inputs(q, k, v, mask)  # shapes, dtypes and the mask, or a clear error
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
 

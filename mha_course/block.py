@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import _validate
+from . import validation
 from .masks import causal_mask
 from .multihead import MultiHeadAttention
 
@@ -57,7 +57,7 @@ class EncoderBlock(nn.Module):
         bias: bool = True,
     ):
         super().__init__()
-        _validate.positive_int("d_ff", d_ff)
+        validation.positive_int("d_ff", d_ff)
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
         self.norm_first, self.activation = bool(norm_first), activation
@@ -77,7 +77,7 @@ class EncoderBlock(nn.Module):
         return self.dropout(self.linear2(self.dropout(hidden)))  # (B, L, d_model)
 
     def forward(self, x: torch.Tensor, *, mask: torch.Tensor | None = None) -> torch.Tensor:
-        _validate.tensor("x", x, dims=3, floating=True)
+        validation.tensor("x", x, dims=3, floating=True)
         if self.norm_first:  # pre-norm: the residual stream itself is never normalised
             x = x + self._attention(self.norm1(x), mask)  # (B, L, d_model)
             return x + self._feed_forward(self.norm2(x))
@@ -125,14 +125,14 @@ class Encoder(nn.Module):
 
     def __init__(self, num_layers: int, d_model: int, num_heads: int, d_ff: int, *, causal: bool = False, **kwargs):
         super().__init__()
-        _validate.positive_int("num_layers", num_layers)
+        validation.positive_int("num_layers", num_layers)
         self.causal = bool(causal)
         self.layers = nn.ModuleList(EncoderBlock(d_model, num_heads, d_ff, **kwargs) for _ in range(num_layers))
         norm_first = kwargs.get("norm_first", False)
         self.norm = nn.LayerNorm(d_model, eps=kwargs.get("layer_norm_eps", 1e-5)) if norm_first else nn.Identity()
 
     def forward(self, x: torch.Tensor, *, mask: torch.Tensor | None = None) -> torch.Tensor:
-        _validate.tensor("x", x, dims=3, floating=True)
+        validation.tensor("x", x, dims=3, floating=True)
         if self.causal:
             future = causal_mask(x.shape[1], device=x.device)  # (L, L), True = may attend
             mask = future if mask is None else mask & future  # broadcasts to (B, 1|h, L, L)

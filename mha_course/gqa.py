@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import _validate
+from . import validation
 from .attention import scaled_dot_product_attention
 from .heads import merge_heads
 from .masks import causal_mask
@@ -25,8 +25,8 @@ def repeat_kv(x, n_rep: int):
     Equivalent to ``torch.repeat_interleave(x, n_rep, dim=1)`` (not ``x.repeat(1, n_rep, 1, 1)``,
     which would hand KV head i % h_kv to query head i).
     """
-    _validate.tensor("x", x, dims=4)
-    _validate.positive_int("n_rep", n_rep)
+    validation.tensor("x", x, dims=4)
+    validation.positive_int("n_rep", n_rep)
     if n_rep == 1:
         return x
     B, h_kv, L, d = x.shape
@@ -46,8 +46,8 @@ class KVCache:
         self.values: torch.Tensor | None = None
 
     def update(self, k, v):
-        _validate.tensor("k", k, dims=4)
-        _validate.tensor("v", v, dims=4)
+        validation.tensor("k", k, dims=4)
+        validation.tensor("v", v, dims=4)
         if k.shape[:3] != v.shape[:3]:
             raise ValueError(f"k and v must share (B, h_kv, L_new), got {tuple(k.shape)} and {tuple(v.shape)}")
         if self.keys is not None:
@@ -104,16 +104,8 @@ class GroupedQueryAttention(nn.Module):
 
     def __init__(self, d_model: int, num_heads: int, num_kv_heads: int, *, head_dim=None, bias: bool = False):
         super().__init__()
-        _validate.positive_int("d_model", d_model)
-        _validate.positive_int("num_heads", num_heads)
-        _validate.positive_int("num_kv_heads", num_kv_heads)
-        if num_heads % num_kv_heads:
-            raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
-        self.head_dim = (
-            _validate.divisible(d_model, num_heads)
-            if head_dim is None
-            else _validate.positive_int("head_dim", head_dim)
-        )
+        validation.positive_int("num_kv_heads", num_kv_heads)  # required here (None is not MHA)
+        _, self.head_dim = validation.head_shape(d_model, num_heads, num_kv_heads, head_dim)
         self.d_model, self.num_heads, self.num_kv_heads = d_model, num_heads, num_kv_heads
         self.n_rep = num_heads // num_kv_heads
         self.q_proj = nn.Linear(d_model, num_heads * self.head_dim, bias=bias)
@@ -124,8 +116,8 @@ class GroupedQueryAttention(nn.Module):
     def forward(
         self, x, *, mask=None, cache: KVCache | None = None, is_causal: bool = False, need_weights: bool = True
     ):
-        _validate.tensor("x", x, dims=3, floating=True)
-        _validate.same_dtype("x", x, self.q_proj.weight)
+        validation.tensor("x", x, dims=3, floating=True)
+        validation.same_dtype("x", x, self.q_proj.weight)
         if x.shape[-1] != self.d_model:
             raise ValueError(f"x must have last dim d_model={self.d_model}, got shape {tuple(x.shape)}")
         if cache is not None and not isinstance(cache, KVCache):
@@ -138,12 +130,12 @@ class GroupedQueryAttention(nn.Module):
             k, v = cache.update(k, v)  # (B, h_kv, L_total, hd)
         L_total = k.shape[2]
         if mask is not None:
-            _validate.tensor("mask", mask)
+            validation.tensor("mask", mask)
             if mask.dim() not in (2, 4):
                 raise ValueError(
                     f"mask must be 2-D (L, L_total) or 4-D (B, h, L, L_total), got shape {tuple(mask.shape)}"
                 )
-            _validate.bool_mask(mask, (B, self.num_heads, L, L_total))
+            validation.bool_mask(mask, (B, self.num_heads, L, L_total))
         if is_causal:
             causal = causal_mask(L, L_total, device=x.device)
             mask = causal if mask is None else mask & causal

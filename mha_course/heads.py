@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import _validate
+from . import validation
 
 
 def split_heads(x, num_heads: int):
@@ -12,15 +12,15 @@ def split_heads(x, num_heads: int):
     ``x.view(B, L, h, d_head).transpose(1, 2)`` — a ``view(B, h, L, d_head)`` without the
     transpose would instead deal consecutive *tokens* out to the heads.
     """
-    _validate.tensor("x", x, dims=3)
-    _validate.positive_int("num_heads", num_heads)
+    validation.tensor("x", x, dims=3)
+    validation.positive_int("num_heads", num_heads)
     B, L, D = x.shape
-    d_head = _validate.divisible(D, num_heads)
+    d_head = validation.divisible(D, num_heads)
     return x.reshape(B, L, num_heads, d_head).transpose(1, 2)  # (B, L, h, d_head) -> (B, h, L, d_head)
 
 
 def merge_heads(x):
     """(B, h, L, d_head) -> (B, L, h*d_head): the inverse of :func:`split_heads` (concatenate heads)."""
-    _validate.tensor("x", x, dims=4)
+    validation.tensor("x", x, dims=4)
     B, h, L, d_head = x.shape
     return x.transpose(1, 2).reshape(B, L, h * d_head)  # (B, L, h, d_head) -> (B, L, h*d_head)

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import _validate
+from . import validation
 from .attention import scaled_dot_product_attention
 from .heads import merge_heads, split_heads
 
@@ -26,8 +26,8 @@ def _check_inputs(module, query, key, value):
         ("key", key, module.kdim),
         ("value", value, module.vdim),
     ):
-        _validate.tensor(name, t, dims=3, floating=True)
-        _validate.same_dtype(name, t, module.out_proj.weight)
+        validation.tensor(name, t, dims=3, floating=True)
+        validation.same_dtype(name, t, module.out_proj.weight)
         if t.shape[-1] != width:
             raise ValueError(f"{name} must have last dim {width}, got shape {tuple(t.shape)} (B, L, {width})")
     if key.shape[:2] != value.shape[:2]:
@@ -41,13 +41,13 @@ def _check_mask(mask, B, h, Lq, Lk):
     """A mask for multi-head attention: bool, 2-D (Lq, Lk) or 4-D broadcastable to (B, h, Lq, Lk)."""
     if mask is None:
         return None
-    _validate.tensor("mask", mask)
+    validation.tensor("mask", mask)
     if mask.dim() not in (2, 4):
         raise ValueError(
             f"mask must be 2-D (Lq, Lk) or 4-D (B, h, Lq, Lk) with 1s to broadcast, got shape "
             f"{tuple(mask.shape)}; for a (B, Lq, Lk) mask use mask[:, None] to add the head dim"
         )
-    return _validate.bool_mask(mask, (B, h, Lq, Lk))
+    return validation.bool_mask(mask, (B, h, Lq, Lk))
 
 
 class LoopedMultiHeadAttention(nn.Module):
@@ -61,11 +61,11 @@ class LoopedMultiHeadAttention(nn.Module):
 
     def __init__(self, d_model: int, num_heads: int, *, bias: bool = True):
         super().__init__()
-        _validate.positive_int("d_model", d_model)
-        _validate.positive_int("num_heads", num_heads)
+        validation.positive_int("d_model", d_model)
+        validation.positive_int("num_heads", num_heads)
         self.d_model, self.num_heads = d_model, num_heads
         self.kdim = self.vdim = d_model
-        self.d_head = _validate.divisible(d_model, num_heads)
+        self.d_head = validation.divisible(d_model, num_heads)
         self.heads = nn.ModuleList(
             nn.ModuleDict(
                 {
@@ -134,16 +134,16 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, d_model: int, num_heads: int, *, bias: bool = True, kdim=None, vdim=None, dropout=0.0):
         super().__init__()
-        _validate.positive_int("d_model", d_model)
-        _validate.positive_int("num_heads", num_heads)
-        self.kdim = d_model if kdim is None else _validate.positive_int("kdim", kdim)
-        self.vdim = d_model if vdim is None else _validate.positive_int("vdim", vdim)
+        validation.positive_int("d_model", d_model)
+        validation.positive_int("num_heads", num_heads)
+        self.kdim = d_model if kdim is None else validation.positive_int("kdim", kdim)
+        self.vdim = d_model if vdim is None else validation.positive_int("vdim", vdim)
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
             raise TypeError(f"dropout must be a float in [0, 1), got {type(dropout).__name__} ({dropout!r})")
         if not 0.0 <= float(dropout) < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got dropout={dropout}")
         self.d_model, self.num_heads, self.dropout = d_model, num_heads, float(dropout)
-        self.d_head = _validate.divisible(d_model, num_heads)
+        self.d_head = validation.divisible(d_model, num_heads)
         self.q_proj = nn.Linear(d_model, d_model, bias=bias)  # all heads' W_Q as row blocks
         self.k_proj = nn.Linear(self.kdim, d_model, bias=bias)
         self.v_proj = nn.Linear(self.vdim, d_model, bias=bias)

@@ -20,7 +20,7 @@ import math
 import matplotlib.pyplot as plt
 import torch
 
-from . import _validate
+from . import validation
 
 NEG_INF = float("-inf")
 
@@ -57,7 +57,7 @@ def tiled_attention(q, k, v, mask=None, *, scale=None, block_size: int = 64):
     window) is skipped. A query row with no allowed key gives 0, as in the reference.
     """
     batch, Lq, Lk = _check(q, k, v, mask)
-    _validate.positive_int("block_size", block_size)
+    validation.positive_int("block_size", block_size)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if mask is not None:
         mask = torch.broadcast_to(mask, (*batch, Lq, Lk))  # a view with stride 0: no memory
@@ -72,7 +72,7 @@ def tiled_attention(q, k, v, mask=None, *, scale=None, block_size: int = 64):
             s = qi @ k[..., j : j + block_size, :].transpose(-2, -1)  # (..., bq, bk): the only scores held
             if mask is not None:
                 tile = mask[..., i : i + block_size, j : j + block_size]
-                if not tile.any():
+                if not tile.is_meta and not tile.any():
                     continue  # nothing to attend to in this tile: skip its work entirely
                 s = s.masked_fill(~tile, NEG_INF)
             row_max, row_sum, acc = online_softmax_update(row_max, row_sum, acc, s, v[..., j : j + block_size, :])
@@ -91,10 +91,10 @@ def tile_counts(mask, block_size: int) -> tuple[int, int, int]:
 
 def tile_states(mask, block_size: int) -> torch.Tensor:
     """int64 (⌈Lq/b⌉, ⌈Lk/b⌉): 0 = tile skipped (all masked), 1 = partly masked, 2 = fully allowed."""
-    _validate.tensor("mask", mask, dims=2)
+    validation.tensor("mask", mask, dims=2)
     if mask.dtype != torch.bool:
         raise TypeError(f"mask must be bool (True = may attend), got {mask.dtype}")
-    _validate.positive_int("block_size", block_size)
+    validation.positive_int("block_size", block_size)
     rows = range(0, mask.shape[0], block_size)
     cols = range(0, mask.shape[1], block_size)
     states = torch.zeros(len(rows), len(cols), dtype=torch.long)
@@ -135,5 +135,5 @@ def draw_tile_explorer(seq_len: int = 1024, block_size: int = 128, window: int =
 
 def _check(q, k, v, mask):
     """Validate like :func:`mha_course.scaled_dot_product_attention`; return (batch, Lq, Lk)."""
-    *batch, Lq, Lk = _validate.attention_inputs(q, k, v, mask)
+    *batch, Lq, Lk = validation.attention_inputs(q, k, v, mask)
     return tuple(batch), Lq, Lk

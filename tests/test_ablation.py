@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 
 import mha_course as mc
-from mha_course import ablation
 from mha_course.check import specialize
+from mha_course.lessons import head_ablation
 
 matplotlib.use("Agg")
 
@@ -41,17 +41,17 @@ def attn_and_x():
 
 
 def test_column_mask_zeroes_each_removed_heads_block():
-    mask = ablation.column_mask(3, 2, [0, 2])
+    mask = head_ablation.column_mask(3, 2, [0, 2])
     assert mask.tolist() == [0, 0, 1, 1, 0, 0]
-    assert ablation.column_mask(2, 3, []).tolist() == [1.0] * 6
+    assert head_ablation.column_mask(2, 3, []).tolist() == [1.0] * 6
     with pytest.raises(ValueError, match="head 3 does not exist"):
-        ablation.column_mask(3, 2, [3])
+        head_ablation.column_mask(3, 2, [3])
 
 
 @pytest.mark.parametrize("removed", [[], [0], [1], [2], [0, 2], [0, 1, 2]])
 def test_ablated_equals_leaving_the_heads_out_of_the_sum(attn_and_x, removed):
     attn, x = attn_and_x
-    with torch.no_grad(), ablation.ablated(attn, removed):
+    with torch.no_grad(), head_ablation.ablated(attn, removed):
         got, _ = attn(x)
         got_fast, _ = attn(x, need_weights=False)
     with torch.no_grad():
@@ -64,7 +64,7 @@ def test_ablated_removes_its_hook_on_exit_even_after_an_error(attn_and_x):
     attn, x = attn_and_x
     with torch.no_grad():
         full, _ = attn(x)
-        with pytest.raises(RuntimeError), ablation.ablated(attn, [1]):
+        with pytest.raises(RuntimeError), head_ablation.ablated(attn, [1]):
             raise RuntimeError("boom")
         after, _ = attn(x)
     assert torch.equal(full, after)
@@ -82,9 +82,9 @@ def test_attention_mass_on_known_weights():
             w[b, 0, t, target[b, s]] = 1.0  # head 0: always on the target
     w[:, 2, 3] = 0
     w[:, 2, 3, 4] = 1.0  # head 2, query 3: all on position 4 (not the target)
-    mass = ablation.attention_mass(w, target, query_pos)
+    mass = head_ablation.attention_mass(w, target, query_pos)
     torch.testing.assert_close(mass, torch.tensor([1.0, 1 / L, 0.5 / L]))
-    same_for_all = ablation.attention_mass(w, torch.tensor([0, 0]), query_pos)  # (S,) target broadcast
+    same_for_all = head_ablation.attention_mass(w, torch.tensor([0, 0]), query_pos)  # (S,) target broadcast
     assert same_for_all.shape == (3,)
 
 
@@ -99,8 +99,8 @@ def test_head_importance_and_pruning_curve_use_the_ablated_outputs(attn_and_x):
         full = without(attn, x, []).square().sum().item()
         alone = [full - without(attn, x, [i]).square().sum().item() for i in range(3)]
         curve = [without(attn, x, [2, 0][:k]).square().sum().item() for k in range(3)]
-    assert ablation.head_importance(attn, score) == pytest.approx(alone, rel=1e-4)
-    assert ablation.pruning_curve(attn, score, [2, 0]) == pytest.approx(curve, rel=1e-4)
+    assert head_ablation.head_importance(attn, score) == pytest.approx(alone, rel=1e-4)
+    assert head_ablation.pruning_curve(attn, score, [2, 0]) == pytest.approx(curve, rel=1e-4)
     assert not attn.out_proj._forward_pre_hooks
 
 
@@ -111,12 +111,12 @@ def test_draw_ablation_shows_the_accuracies_of_the_removed_heads():
         calls.append(removed)
         return {"exact": 0.25, "lookup": 0.5, "offset": 1.0 - 0.1 * len(removed)}
 
-    fig = ablation.draw_ablation(accuracy, 4, removed=(2, 0))
+    fig = head_ablation.draw_ablation(accuracy, 4, removed=(2, 0))
     ax = fig.axes[0]
     assert calls == [[0, 2]]
     assert [p.get_height() for p in ax.patches] == pytest.approx([0.25, 0.5, 0.8])
     assert ax.get_title() == "Accuracy with heads removed: [0, 2]; kept: [1, 3]"
-    assert ablation.draw_ablation(accuracy, 4).axes[0].get_title() == "Accuracy with all heads"
+    assert head_ablation.draw_ablation(accuracy, 4).axes[0].get_title() == "Accuracy with all heads"
     matplotlib.pyplot.close("all")
 
 
@@ -124,7 +124,7 @@ def test_draw_head_maps_one_panel_per_head_with_the_targets_outlined():
     h, L = 2, 6
     weights = torch.softmax(torch.randn(h, L, L, generator=torch.Generator().manual_seed(0)), dim=-1)
     rows, lookup_pos, offset_pos = torch.tensor([4, 5]), torch.tensor([0, 2]), torch.tensor([3, 4])
-    fig = ablation.draw_head_maps(weights, list("ABCDEF"), rows, lookup_pos, offset_pos, title="maps")
+    fig = head_ablation.draw_head_maps(weights, list("ABCDEF"), rows, lookup_pos, offset_pos, title="maps")
     panels = [ax for ax in fig.axes if ax.get_title().startswith("head")]
     assert len(panels) == h
     for i, ax in enumerate(panels):

@@ -1,4 +1,4 @@
-"""mha_course.batched: the layout maps against closed-form index arithmetic, the kernel log
+"""mha_course.lessons.head_layout: the layout maps against closed-form index arithmetic, the kernel log
 against what PyTorch documents, and the timer."""
 
 import time
@@ -12,14 +12,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 import mha_course as mc  # noqa: E402
-from mha_course import batched  # noqa: E402
+from mha_course.lessons import head_layout
 
 SHAPES = [(1, 1, 1), (4, 2, 2), (6, 2, 3), (5, 3, 4), (7, 4, 1), (3, 6, 2)]
 
 
 @pytest.mark.parametrize("L, h, d_head", SHAPES)
 def test_source_map_right_split_keeps_tokens_and_takes_column_blocks(L, h, d_head):
-    token, feature = batched.source_map(L, h, d_head)
+    token, feature = head_layout.source_map(L, h, d_head)
     for i in range(h):
         for p in range(L):
             assert token[i, p].tolist() == [p] * d_head
@@ -28,7 +28,7 @@ def test_source_map_right_split_keeps_tokens_and_takes_column_blocks(L, h, d_hea
 
 @pytest.mark.parametrize("L, h, d_head", SHAPES)
 def test_source_map_wrong_view_deals_out_memory_in_order(L, h, d_head):
-    token, feature = batched.source_map(L, h, d_head, wrong=True)
+    token, feature = head_layout.source_map(L, h, d_head, wrong=True)
     d_model = h * d_head
     for i in range(h):
         for p in range(L):
@@ -39,8 +39,8 @@ def test_source_map_wrong_view_deals_out_memory_in_order(L, h, d_head):
 
 @pytest.mark.parametrize("L, h, d_head", SHAPES)
 def test_head_of_element(L, h, d_head):
-    right = batched.head_of_element(L, h, d_head)
-    wrong = batched.head_of_element(L, h, d_head, wrong=True)
+    right = head_layout.head_of_element(L, h, d_head)
+    wrong = head_layout.head_of_element(L, h, d_head, wrong=True)
     d_model = h * d_head
     t = torch.arange(L).view(-1, 1).expand(L, d_model)
     f = torch.arange(d_model).view(1, -1).expand(L, d_model)
@@ -50,18 +50,18 @@ def test_head_of_element(L, h, d_head):
 
 def test_wrong_split_is_a_different_function_only_when_it_must_be():
     x = torch.randn(2, 6, 8)
-    assert torch.equal(batched.wrong_split_heads(x, 4), x.view(2, 4, 6, 2))
-    assert not torch.equal(batched.wrong_split_heads(x, 4), mc.split_heads(x, 4))
+    assert torch.equal(head_layout.wrong_split_heads(x, 4), x.view(2, 4, 6, 2))
+    assert not torch.equal(head_layout.wrong_split_heads(x, 4), mc.split_heads(x, 4))
     # one head or one token: nothing to mix up, both agree
-    assert torch.equal(batched.wrong_split_heads(x, 1), mc.split_heads(x, 1))
+    assert torch.equal(head_layout.wrong_split_heads(x, 1), mc.split_heads(x, 1))
     x1 = torch.randn(2, 1, 8)
-    assert torch.equal(batched.wrong_split_heads(x1, 4), mc.split_heads(x1, 4))
+    assert torch.equal(head_layout.wrong_split_heads(x1, 4), mc.split_heads(x1, 4))
     with pytest.raises(ValueError, match="divisible"):
-        batched.wrong_split_heads(x, 3)
+        head_layout.wrong_split_heads(x, 3)
 
 
 def test_draw_layout_shows_both_maps():
-    fig = batched.draw_layout(seq_len=4, num_heads=2, d_head=2)
+    fig = head_layout.draw_layout(seq_len=4, num_heads=2, d_head=2)
     try:
         axes = [ax for ax in fig.axes if ax.get_images()]
         assert len(axes) == 4
@@ -79,7 +79,7 @@ def test_draw_layout_shows_both_maps():
 
 
 def test_draw_layout_large_has_no_text_and_many_heads():
-    fig = batched.draw_layout(seq_len=12, num_heads=12, d_head=4)
+    fig = head_layout.draw_layout(seq_len=12, num_heads=12, d_head=4)
     try:
         assert all(not ax.texts for ax in fig.axes)
     finally:
@@ -88,20 +88,20 @@ def test_draw_layout_large_has_no_text_and_many_heads():
 
 def test_kernels_called_sees_the_implementation_pytorch_chose():
     q = k = v = torch.randn(1, 2, 8, 4)
-    fused = batched.kernels_called(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v))
-    explicit = batched.kernels_called(lambda: mc.scaled_dot_product_attention(q, k, v))
+    fused = head_layout.kernels_called(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v))
+    explicit = head_layout.kernels_called(lambda: mc.scaled_dot_product_attention(q, k, v))
     assert len(fused) == 1 and "attention" in fused[0]
     assert explicit[0] == explicit[-1] == "bmm" and "softmax" in " ".join(explicit)  # _softmax or softmax.out
     assert "attention" not in " ".join(explicit)
-    assert "add" in batched.kernels_called(lambda: q + k, keep=None)
+    assert "add" in head_layout.kernels_called(lambda: q + k, keep=None)
 
 
 def test_kernels_called_shows_nn_multihead_fast_path():
     m = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()
     x = torch.randn(2, 3, 8)
     with torch.no_grad():
-        fast = batched.kernels_called(lambda: m(x, x, x, need_weights=False))
-    slow = batched.kernels_called(lambda: m(x, x, x, need_weights=True))  # grad enabled: no fast path
+        fast = head_layout.kernels_called(lambda: m(x, x, x, need_weights=False))
+    slow = head_layout.kernels_called(lambda: m(x, x, x, need_weights=True))  # grad enabled: no fast path
     assert fast == ["_native_multi_head_attention"]
     assert "_native_multi_head_attention" not in slow and "_softmax" in slow
 
@@ -117,23 +117,23 @@ def test_median_times_is_a_median_of_round_robin_calls():
     def fast():
         calls.append("fast")
 
-    times = batched.median_times({"slow": slow, "fast": fast}, repeats=3, warmup=1)
+    times = head_layout.median_times({"slow": slow, "fast": fast}, repeats=3, warmup=1)
     assert calls == ["slow", "fast"] * 4  # one warm-up round, then three timed rounds, interleaved
     assert 0.0009 < times["slow"] < 0.02  # median of (0.03, 0.001, 0.001) ignores the outlier
     assert times["fast"] < times["slow"]
     with pytest.raises(ValueError):
-        batched.median_times({"f": fast}, repeats=0)
+        head_layout.median_times({"f": fast}, repeats=0)
 
 
 def test_median_times_sets_and_restores_threads():
     before = torch.get_num_threads()
     seen = []
-    batched.median_times({"f": lambda: seen.append(torch.get_num_threads())}, repeats=2, num_threads=1)
+    head_layout.median_times({"f": lambda: seen.append(torch.get_num_threads())}, repeats=2, num_threads=1)
     assert seen == [1, 1, 1] and torch.get_num_threads() == before
 
     def boom():
         raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError):
-        batched.median_times({"f": boom}, num_threads=1)
+        head_layout.median_times({"f": boom}, num_threads=1)
     assert torch.get_num_threads() == before

@@ -1,4 +1,4 @@
-"""mha_course.bench: the benchmark's plumbing on tiny sizes. No wall-clock assertions: only what
+"""mha_course.lessons.benchmark: the benchmark's plumbing on tiny sizes. No wall-clock assertions: only what
 is measured, how it is combined, and what is reported."""
 
 import json
@@ -14,38 +14,38 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import mha_course as mc  # noqa: E402
-from mha_course import bench  # noqa: E402
+from mha_course.lessons import benchmark
 
-TINY = bench.Config(2, 12, 16, 2, causal=True)
+TINY = benchmark.Config(2, 12, 16, 2, causal=True)
 
 
 @pytest.fixture(scope="module")
 def report():
-    configs = [TINY, bench.Config(2, 24, 16, 2, causal=True), bench.Config(1, 12, 16, 2, causal=False)]
-    return bench.run(configs, repeats=2, progress=False)
+    configs = [TINY, benchmark.Config(2, 24, 16, 2, causal=True), benchmark.Config(1, 12, 16, 2, causal=False)]
+    return benchmark.run(configs, repeats=2, progress=False)
 
 
 def test_every_implementation_is_measured_and_checked_against_torch(report):
-    assert [r.name for r in report.results if r.config == TINY] == list(bench.IMPLEMENTATIONS)
+    assert [r.name for r in report.results if r.config == TINY] == list(benchmark.IMPLEMENTATIONS)
     for r in report.results:
         assert r.max_abs_error < 1e-5
         assert len({r.ratio_low, r.ratio, r.ratio_high}) >= 1 and r.ratio_low <= r.ratio <= r.ratio_high
-        if r.name == bench.REFERENCE[r.name]:
+        if r.name == benchmark.REFERENCE[r.name]:
             assert r.ratio == r.ratio_low == r.ratio_high == 1.0  # a reference against itself
 
 
 def test_rates_are_flops_over_time_and_relative_to_the_matmul_of_the_same_rounds(report):
     for r in report.results:
         assert len(r.samples_s) == 2 and r.median_s == pytest.approx(statistics.median(r.samples_s))
-        assert r.gflops == pytest.approx(bench.flops(r.config, r.name) / r.median_s / 1e9)
+        assert r.gflops == pytest.approx(benchmark.flops(r.config, r.name) / r.median_s / 1e9)
         mm = report.matmul_samples_s[str(r.config)]
         per_round = [
-            (bench.flops(r.config, r.name) / t) / (bench.flops(r.config, bench.MATMUL) / t_mm)
+            (benchmark.flops(r.config, r.name) / t) / (benchmark.flops(r.config, benchmark.MATMUL) / t_mm)
             for t, t_mm in zip(r.samples_s, mm, strict=True)
         ]
         assert r.of_matmul == pytest.approx(statistics.median(per_round))
         assert report.matmul_gflops[str(r.config)] == pytest.approx(
-            bench.flops(r.config, bench.MATMUL) / statistics.median(mm) / 1e9
+            benchmark.flops(r.config, benchmark.MATMUL) / statistics.median(mm) / 1e9
         )
 
 
@@ -53,7 +53,7 @@ def test_rates_are_flops_over_time_and_relative_to_the_matmul_of_the_same_rounds
 def test_median_and_iqr_match_numpy_percentiles(samples):
     import numpy as np
 
-    median, iqr = bench.median_and_iqr(samples)
+    median, iqr = benchmark.median_and_iqr(samples)
     assert median == pytest.approx(np.percentile(samples, 50))
     assert iqr == pytest.approx(np.percentile(samples, 75) - np.percentile(samples, 25))
 
@@ -68,13 +68,16 @@ def test_importing_the_benchmark_and_measuring_memory_print_nothing():
     import sys
 
     code = (
-        "import sys, warnings, mha_course, mha_course.bench, mha_course.batched, mha_course.budget, torch\n"
+        "import pkgutil, sys, warnings, importlib, torch, mha_course\n"
+        "for m in pkgutil.walk_packages(mha_course.__path__, 'mha_course.'):\n"  # every module a notebook may import
+        "    importlib.import_module(m.name)\n"
         "bad = sorted(m for m in sys.modules if m.startswith(('torch.utils.cpp_extension', 'torch.utils.benchmark')))\n"
         "print(bad)\n"
+        "from mha_course.lessons.benchmark import peak_memory\n"
         "with warnings.catch_warnings(record=True) as caught:\n"  # peak_memory silences fd 2: record them
         "    warnings.simplefilter('always')\n"
         "    for _ in range(2):\n"
-        "        mha_course.bench.peak_memory(lambda: torch.ones(64, 64) @ torch.ones(64, 64))\n"
+        "        peak_memory(lambda: torch.ones(64, 64) @ torch.ones(64, 64))\n"
         "print([str(w.message) for w in caught])"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
@@ -92,16 +95,16 @@ def test_memory_is_measured_per_implementation(report):
 
 
 def test_flops_follow_the_accounting_formulas():
-    c = bench.Config(3, 40, 64, 4)
-    assert bench.flops(c, "ours+weights") == mc.attention_flops(3, 40, 64, 4) == bench.flops(c, "torch")
-    assert bench.flops(c, "SDPA alone") == 4 * 3 * 40 * 40 * 64
-    assert bench.flops(c, bench.MATMUL) == 2 * 3 * 40 * 64 * 64
+    c = benchmark.Config(3, 40, 64, 4)
+    assert benchmark.flops(c, "ours+weights") == mc.attention_flops(3, 40, 64, 4) == benchmark.flops(c, "torch")
+    assert benchmark.flops(c, "SDPA alone") == 4 * 3 * 40 * 40 * 64
+    assert benchmark.flops(c, benchmark.MATMUL) == 2 * 3 * 40 * 64 * 64
 
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_build_gives_the_same_function_six_ways_and_check_catches_a_wrong_one(causal):
-    fns, matmul, check = bench.build(bench.Config(2, 10, 12, 3, causal=causal))
-    assert set(fns) == set(bench.IMPLEMENTATIONS)
+    fns, matmul, check = benchmark.build(benchmark.Config(2, 10, 12, 3, causal=causal))
+    assert set(fns) == set(benchmark.IMPLEMENTATIONS)
     with torch.no_grad():
         outputs = {name: fn() for name, fn in fns.items()}
         assert max(check(outputs).values()) < 1e-5
@@ -117,16 +120,16 @@ def test_build_gives_the_same_function_six_ways_and_check_catches_a_wrong_one(ca
 
 
 def test_run_adds_the_references_of_the_names_asked_for_and_rejects_unknown_names():
-    r = bench.run([TINY], repeats=1, names=["ours+SDPA"], memory=False, progress=False)
+    r = benchmark.run([TINY], repeats=1, names=["ours+SDPA"], memory=False, progress=False)
     assert [x.name for x in r.results] == ["ours+SDPA", "torch"]
     assert r.results[0].alloc_bytes is None
     with pytest.raises(ValueError, match="unknown implementations"):
-        bench.run([TINY], names=["flash"], progress=False)
+        benchmark.run([TINY], names=["flash"], progress=False)
 
 
 def test_run_sets_and_restores_the_thread_count():
     before = torch.get_num_threads()
-    r = bench.run([TINY], repeats=1, names=["torch"], memory=False, num_threads=1, progress=False)
+    r = benchmark.run([TINY], repeats=1, names=["torch"], memory=False, num_threads=1, progress=False)
     assert r.machine["torch threads"] == 1
     assert torch.get_num_threads() == before
 
@@ -135,7 +138,7 @@ def test_round_robin_takes_one_warm_up_call_then_one_sample_per_round():
     calls = []
     fns = {"a": lambda: calls.append("a") or 1, "b": lambda: calls.append("b") or 2}
     outputs = {}
-    times = bench.time_round_robin(fns, repeats=3, min_sample_s=0.0, outputs=outputs)
+    times = benchmark.time_round_robin(fns, repeats=3, min_sample_s=0.0, outputs=outputs)
     assert calls == ["a", "b"] * 4  # warm-up round + 3 rounds, interleaved
     assert {k: len(v) for k, v in times.items()} == {"a": 3, "b": 3}
     assert outputs == {"a": 1, "b": 2}  # from the warm-up round
@@ -151,51 +154,53 @@ def test_peak_memory_counts_live_tensors_exactly_and_is_silent(capfd):
     def three_at_once():
         return [torch.ones(mib // 4) for _ in range(3)]
 
-    assert bench.peak_memory(one_at_a_time) == mib
-    assert bench.peak_memory(three_at_once) == 3 * mib
+    assert benchmark.peak_memory(one_at_a_time) == mib
+    assert benchmark.peak_memory(three_at_once) == 3 * mib
     captured = capfd.readouterr()
     assert captured.err == "" and captured.out == ""  # the profiler's status lines are silenced
 
 
 def test_rss_peak_delta_sees_fresh_pages_on_linux():
-    delta = bench.rss_peak_delta(lambda: torch.ones(64 * 2**20 // 4))  # 64 MiB, touched
+    delta = benchmark.rss_peak_delta(lambda: torch.ones(64 * 2**20 // 4))  # 64 MiB, touched
     if delta is not None:
         assert 48 * 2**20 <= delta < 256 * 2**20
 
 
 def test_machine_info_records_versions_threads_and_cpu():
-    info = bench.machine_info()
+    info = benchmark.machine_info()
     assert info["torch"] == torch.__version__ and info["torch threads"] == torch.get_num_threads()
     assert isinstance(info["CPU"], str) and info["CPU"]
 
 
 def _fake(ratios):
-    rep = bench.Report(machine={"torch threads": 1}, matmul_gflops={str(bench.TARGET): 100.0})
+    rep = benchmark.Report(machine={"torch threads": 1}, matmul_gflops={str(benchmark.TARGET): 100.0})
     for name, ratio in ratios.items():
-        rep.results.append(bench.Result(bench.TARGET, name, 0.1, 0.01, ratio, ratio - 0.05, ratio + 0.05, 10.0, 0.1))
+        rep.results.append(
+            benchmark.Result(benchmark.TARGET, name, 0.1, 0.01, ratio, ratio - 0.05, ratio + 0.05, 10.0, 0.1)
+        )
     return rep
 
 
 def test_target_lines_judge_each_ratio_against_one():
-    lines = bench.target_lines(_fake({"ours+SDPA": 0.62, "ours+weights": 1.07}))
+    lines = benchmark.target_lines(_fake({"ours+SDPA": 0.62, "ours+weights": 1.07}))
     assert lines[0].startswith("✅ ours+SDPA / torch: 0.62×")
     assert lines[1].startswith("❌ ours+weights / torch+weights: 1.07×")
-    assert bench.target_lines(_fake({"looped": 3.0})) == []
+    assert benchmark.target_lines(_fake({"looped": 3.0})) == []
 
 
 def test_table_and_json_report_every_result(report, tmp_path):
-    text = bench.table(report)
+    text = benchmark.table(report)
     assert str(TINY) in text and text.count("SDPA alone") == 3
-    data = json.loads(bench.to_json(report))
+    data = json.loads(benchmark.to_json(report))
     assert len(data["results"]) == len(report.results) and data["machine"]["torch"] == torch.__version__
     assert math.isclose(data["results"][0]["median_s"], report.results[0].median_s)
 
 
 def test_plot_draws_one_line_per_implementation_over_lengths(report):
-    fig = bench.plot(report, batch=2, causal=True)
+    fig = benchmark.plot(report, batch=2, causal=True)
     ax1, ax2 = fig.axes
     assert [line.get_label() for line in ax1.lines][-1] == "nn.MultiheadAttention"  # the line at 1
-    assert len(ax1.lines) == 4 + 1 and len(ax2.lines) == len(bench.IMPLEMENTATIONS)  # + the 2 references
+    assert len(ax1.lines) == 4 + 1 and len(ax2.lines) == len(benchmark.IMPLEMENTATIONS)  # + the 2 references
     assert [list(line.get_xdata()) for line in ax2.lines][0] == [12, 24]
     assert "B=2" in fig._suptitle.get_text() and "causal" in fig._suptitle.get_text()
     assert ax1.get_xlabel() == "sequence length L" and "matmul" in ax2.get_ylabel()
@@ -203,10 +208,10 @@ def test_plot_draws_one_line_per_implementation_over_lengths(report):
 
 
 def test_command_line_quick_mode_runs_the_target_and_writes_json(monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr(bench, "TARGET", TINY)
-    path = tmp_path / "bench.json"
-    assert bench.main(["--quick", "--repeats", "1", "--no-memory", "--threads", "1", "--json", str(path)]) == 0
+    monkeypatch.setattr(benchmark, "TARGET", TINY)
+    path = tmp_path / "benchmark.json"
+    assert benchmark.main(["--quick", "--repeats", "1", "--no-memory", "--threads", "1", "--json", str(path)]) == 0
     out = capsys.readouterr().out
     assert out.startswith("machine: torch ") and "torch threads 1" in out
     assert "ours+SDPA / torch:" in out and "ours+weights / torch+weights:" in out
-    assert len(json.loads(path.read_text())["results"]) == len(bench.IMPLEMENTATIONS)
+    assert len(json.loads(path.read_text())["results"]) == len(benchmark.IMPLEMENTATIONS)

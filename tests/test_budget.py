@@ -1,4 +1,4 @@
-"""mha_course.budget and its checker, against PyTorch's own FLOP counter and real modules' numel()."""
+"""mha_course.lessons.head_budget and its checker, against PyTorch's own FLOP counter and real modules' numel()."""
 
 import matplotlib
 
@@ -11,8 +11,8 @@ from torch import nn  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 import mha_course as mc  # noqa: E402
-from mha_course import budget  # noqa: E402
-from mha_course.check.budget import attention_flops_split  # noqa: E402
+from mha_course.check.head_budget import attention_flops_split  # noqa: E402
+from mha_course.lessons import head_budget
 
 
 def _torch_counted(module, x, **kwargs):
@@ -28,7 +28,7 @@ def _torch_counted(module, x, **kwargs):
 def test_flops_split_matches_torch_flop_counter_for_mha(B, L, d, h):
     x = torch.randn(B, L, d)
     expected = _torch_counted(mc.MultiHeadAttention(d, h), x)
-    assert budget.flops_split(B, L, d, h) == expected
+    assert head_budget.flops_split(B, L, d, h) == expected
     assert expected == (8 * B * L * d * d, 4 * B * L * L * d)  # the closed forms, whatever h is
 
 
@@ -38,46 +38,46 @@ def test_flops_split_matches_torch_flop_counter_for_gqa(d, h, h_kv, hd):
     with torch.device("meta"):  # shapes only: the counter needs no real numbers
         m = mc.GroupedQueryAttention(d, h, h_kv, head_dim=hd)
         x = torch.randn(B, L, d)
-    assert budget.flops_split(B, L, d, h, h_kv, head_dim=hd) == _torch_counted(m, x)
+    assert head_budget.flops_split(B, L, d, h, h_kv, head_dim=hd) == _torch_counted(m, x)
 
 
 def test_flops_split_adds_up_to_attention_flops():
     for args in [(1, 9, 32, 4), (2, 100, 96, 12)]:
-        assert sum(budget.flops_split(*args)) == mc.attention_flops(*args)
+        assert sum(head_budget.flops_split(*args)) == mc.attention_flops(*args)
 
 
 def test_crossover_is_where_the_two_parts_are_equal():
-    assert budget.crossover_seq_len(512, 8) == 1024 == budget.crossover_seq_len(512, 1)
+    assert head_budget.crossover_seq_len(512, 8) == 1024 == head_budget.crossover_seq_len(512, 1)
     for d, h, h_kv in [(64, 8, 8), (64, 8, 2), (96, 4, 1)]:
-        L = budget.crossover_seq_len(d, h, h_kv)
+        L = head_budget.crossover_seq_len(d, h, h_kv)
         assert L == int(L)
-        proj, scores = budget.flops_split(1, int(L), d, h, h_kv)
+        proj, scores = head_budget.flops_split(1, int(L), d, h, h_kv)
         assert proj == scores
-        proj, scores = budget.flops_split(1, int(L) + 1, d, h, h_kv)
+        proj, scores = head_budget.flops_split(1, int(L) + 1, d, h, h_kv)
         assert scores > proj
 
 
 def test_meta_modules_have_the_published_shapes_and_no_storage():
     for cfg in mc.MODEL_CONFIGS.values():
-        m = budget.meta_attention_module(cfg)
+        m = head_budget.meta_attention_module(cfg)
         params = list(m.parameters())
         assert all(p.is_meta for p in params)
         # an independent count from the layer shapes: q and o are h·hd wide, k and v h_kv·hd
         q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         weights = 2 * cfg.d_model * q + 2 * cfg.d_model * kv
         biases = {True: q + 2 * kv + cfg.d_model, False: 0, "qkv": q + 2 * kv}[cfg.attention_bias]
-        assert budget.numel(m) == weights + biases, cfg.name
+        assert head_budget.numel(m) == weights + biases, cfg.name
 
 
 def test_qwen_meta_module_has_qkv_bias_but_no_output_bias():
-    m = budget.meta_attention_module(mc.MODEL_CONFIGS["Qwen2.5-7B"])
+    m = head_budget.meta_attention_module(mc.MODEL_CONFIGS["Qwen2.5-7B"])
     assert m.q_proj.bias is not None and m.k_proj.bias is not None and m.v_proj.bias is not None
     assert m.o_proj.bias is None
-    assert isinstance(budget.meta_attention_module(mc.MODEL_CONFIGS["BERT base"]), nn.MultiheadAttention)
+    assert isinstance(head_budget.meta_attention_module(mc.MODEL_CONFIGS["BERT base"]), nn.MultiheadAttention)
 
 
 def test_model_rows_agree_with_numel_and_carry_sources():
-    rows = budget.model_rows()
+    rows = head_budget.model_rows()
     assert [r["model"] for r in rows] == list(mc.MODEL_CONFIGS)
     assert all(r["numel_ok"] and r["numel (meta)"] == r["params/layer"] for r in rows)
     base = rows[0]
@@ -91,21 +91,21 @@ def test_model_rows_agree_with_numel_and_carry_sources():
 
 def test_format_table_aligns_columns():
     rows = [{"name": "a", "n": 1234567, "ok": True}, {"name": "long name", "n": 5, "ok": False}]
-    lines = budget.format_table(rows, ["name", "n", "ok"]).splitlines()
+    lines = head_budget.format_table(rows, ["name", "n", "ok"]).splitlines()
     assert lines[0].split() == ["name", "n", "ok"]
     assert lines[2] == "a          1,234,567  ✓"
     assert lines[3] == "long name          5  ✗"
 
 
 def test_head_dim_note_reads_the_trade_off():
-    assert "One wide head" in budget.head_dim_note(512, 1)
-    assert "rank ≤ 8" in budget.head_dim_note(8, 64)
-    assert "64–128" in budget.head_dim_note(64, 8) and "64–128" in budget.head_dim_note(128, 4)
-    assert "Few wide heads" in budget.head_dim_note(256, 2)
+    assert "One wide head" in head_budget.head_dim_note(512, 1)
+    assert "rank ≤ 8" in head_budget.head_dim_note(8, 64)
+    assert "64–128" in head_budget.head_dim_note(64, 8) and "64–128" in head_budget.head_dim_note(128, 4)
+    assert "Few wide heads" in head_budget.head_dim_note(256, 2)
 
 
 def test_draw_head_budget_shows_the_chosen_head_count():
-    fig = budget.draw_head_budget(d_model=512, num_heads=16, seq_len=256)
+    fig = head_budget.draw_head_budget(d_model=512, num_heads=16, seq_len=256)
     ax1, ax2 = fig.axes
     title = fig._suptitle.get_text()
     assert "h = 16 → d_head = 32" in title and "1,050,624 parameters" in title
@@ -126,11 +126,11 @@ def test_draw_head_budget_shows_the_chosen_head_count():
     assert not any(legend.overlaps(p.get_window_extent()) for p in ax1.patches)  # the legend hides no bar
     plt.close(fig)
     with pytest.raises(ValueError, match="not divisible"):
-        budget.draw_head_budget(d_model=512, num_heads=7)
+        head_budget.draw_head_budget(d_model=512, num_heads=7)
 
 
 def test_draw_flops_vs_length_plots_the_formulas():
-    fig = budget.draw_flops_vs_length(d_model=64, batch=2)
+    fig = head_budget.draw_flops_vs_length(d_model=64, batch=2)
     ax = fig.axes[0]
     proj, scores, total = ax.lines[:3]
     for L, p, s, t in zip(proj.get_xdata(), proj.get_ydata(), scores.get_ydata(), total.get_ydata(), strict=True):

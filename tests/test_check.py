@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import mha_course as mc
 from mha_course.check import CheckResult
-from mha_course.check._core import Case, Mistake, run_check
+from mha_course.check.framework import Case, Mistake, run_check
 
 
 def assert_passes(result):
@@ -59,7 +59,7 @@ def test_check_result_basics():
         CheckResult(False, "x", status="maybe")
 
 
-def test_discovery_exposes_every_module_all():
+def test_every_checker_module_is_imported_by_name():
     import importlib
     import pkgutil
 
@@ -67,10 +67,11 @@ def test_discovery_exposes_every_module_all():
 
     found = []
     for info in pkgutil.iter_modules(check.__path__):
-        if not info.name.startswith("_"):
+        if info.name != "framework":
             module = importlib.import_module(f"mha_course.check.{info.name}")
-            for name in getattr(module, "__all__", ()):
-                assert getattr(check, name) is getattr(module, name)
+            for name in module.__all__:
+                assert getattr(check, name) is getattr(module, name), f"mc.check.{name} is not {module.__name__}.{name}"
+                assert check.CHECKERS[name] is getattr(module, name), f"{name} is missing from CHECKERS"
                 found.append(name)
     assert sorted(found) == check.available()
     for name in ("scaled_dot_product_attention", "multi_head_attention"):
@@ -134,9 +135,9 @@ def test_runner_reports_learner_line_and_protects_inputs_and_rng():
 def test_the_documented_example_checker_works():
     import textwrap
 
-    from mha_course.check import _core
+    from mha_course.check import framework
 
-    doc = _core.__doc__
+    doc = framework.__doc__
     code = doc[doc.index("    import torch") : doc.index("Rules the runner follows")]
     namespace = {"__name__": "mha_course.check._example", "__package__": "mha_course.check"}
     exec(textwrap.dedent(code), namespace)

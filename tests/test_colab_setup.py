@@ -34,7 +34,9 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
-from mha_course import notebook_tools
+from authoring import notebooks as notebook_tools
+
+pytestmark = pytest.mark.slow  # pip plans and second interpreters: not in `course.py test --fast`
 
 try:
     import tomllib
@@ -276,5 +278,5 @@ def test_notebook_uses_only_shipped_modules_and_quizzes(path):
     for name in sorted(used):
         assert _shipped_module(name, packages), f"{path.name} imports {name}, which the installed package would lack"
     for key in re.findall(r"quiz\.show\(\s*[\"'](\w+)[\"']", code):
-        quiz_file = ROOT / "mha_course" / "quizzes" / f"{key}.json"
+        quiz_file = ROOT / "mha_course" / "kit" / "quizzes" / f"{key}.json"
         assert quiz_file.is_file() and _shipped_data(quiz_file), f"{path.name} shows quiz {key}: not shipped"

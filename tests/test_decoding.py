@@ -1,4 +1,4 @@
-"""Tests for mha_course.decoding: cached and recomputed decoding against a naive reference,
+"""Tests for mha_course.lessons.decoding: cached and recomputed decoding against a naive reference,
 the head-to-group mapping and the figures of notebook 06."""
 
 import math
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import mha_course as mc
-from mha_course import decoding
+from mha_course.lessons import decoding
 
 matplotlib.use("Agg")
 

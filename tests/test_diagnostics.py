@@ -1,4 +1,4 @@
-"""mha_course.diagnostics and mha_course.symptoms: each diagnostic on a case where its symptom is
+"""mha_course.lessons.diagnostics and mha_course.lessons.symptoms: each diagnostic on a case where its symptom is
 present and one where it is absent, against naive references."""
 
 import math
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import mha_course as mc
-from mha_course import diagnostics as dg
-from mha_course import symptoms as sy
 from mha_course.block import Encoder
+from mha_course.lessons import diagnostics as dg
+from mha_course.lessons import symptoms as sy
 
 matplotlib.use("Agg")
 

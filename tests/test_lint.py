@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGETS = ["mha_course", "tests", "notebooks", "course.py", "conftest.py"]
+TARGETS = ["mha_course", "authoring", "tests", "notebooks", "docs", "course.py", "conftest.py"]
 
 
 def ruff(*args: str) -> subprocess.CompletedProcess:

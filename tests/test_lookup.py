@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import mha_course as mc
-from mha_course import lookup
+from mha_course.lessons import address_book
 
 matplotlib.use("Agg")
 
@@ -20,21 +20,21 @@ def softmax_ref(xs):
 
 
 def test_address_book_layout():
-    keys, values = lookup.address_book()
-    assert keys.shape == (3, len(lookup.KEY_FEATURES)) and values.shape == (3, len(lookup.VALUE_NAMES))
+    keys, values = address_book.address_book()
+    assert keys.shape == (3, len(address_book.KEY_FEATURES)) and values.shape == (3, len(address_book.VALUE_NAMES))
     zs, ls, addr, phone = range(4)
     # each record's key names its person and its attribute, and nothing else
     for rec, (person, attr) in enumerate([(zs, addr), (zs, phone), (ls, addr)]):
         expected = torch.zeros(4)
         expected[[person, attr]] = 1.0
-        assert torch.equal(keys[rec], expected), lookup.RECORDS[rec]
+        assert torch.equal(keys[rec], expected), address_book.RECORDS[rec]
     assert torch.equal(values, torch.eye(3))
     keys[0, 0] = 99.0  # a learner mutating the tensors does not change the book
-    assert lookup.address_book()[0][0, 0] == 1.0
+    assert address_book.address_book()[0][0, 0] == 1.0
 
 
 def test_combined_query_reproduces_the_source_weights():
-    steps = lookup.lookup(lookup.query(zhang_san=3, address=1, phone=1))
+    steps = address_book.lookup(address_book.query(zhang_san=3, address=1, phone=1))
     assert steps.scores.tolist() == [4.0, 4.0, 1.0]
     assert steps.scaled.tolist() == [2.0, 2.0, 0.5]
     expected = softmax_ref([2.0, 2.0, 0.5])
@@ -44,7 +44,7 @@ def test_combined_query_reproduces_the_source_weights():
 
 
 def test_unscaled_lookup_uses_raw_scores():
-    steps = lookup.lookup(lookup.query(zhang_san=3, address=1, phone=1), scaled=False)
+    steps = address_book.lookup(address_book.query(zhang_san=3, address=1, phone=1), scaled=False)
     torch.testing.assert_close(steps.weights, torch.tensor(softmax_ref([4.0, 4.0, 1.0])))
 
 
@@ -52,49 +52,49 @@ def test_unscaled_lookup_uses_raw_scores():
 def test_lookup_matches_torch_sdpa_on_random_queries(scaled):
     g = torch.Generator().manual_seed(0)
     q = 3 * torch.randn(5, 7, 4, generator=g)
-    keys, values = lookup.address_book()
+    keys, values = address_book.address_book()
     expected = F.scaled_dot_product_attention(
         q, keys.expand(5, 3, 4), values.expand(5, 3, 3), scale=None if scaled else 1.0
     )
-    torch.testing.assert_close(lookup.lookup(q, scaled=scaled).output, expected)
+    torch.testing.assert_close(address_book.lookup(q, scaled=scaled).output, expected)
 
 
 def test_masked_lookup_matches_torch_and_handles_a_fully_masked_query():
-    keys, values = lookup.address_book()
+    keys, values = address_book.address_book()
     only_zhang_san = torch.tensor([True, True, False])
-    q = lookup.query(address=6)
-    steps = lookup.lookup(q, mask=only_zhang_san)
+    q = address_book.query(address=6)
+    steps = address_book.lookup(q, mask=only_zhang_san)
     expected = F.scaled_dot_product_attention(q[None], keys, values, attn_mask=only_zhang_san[None])[0]
     torch.testing.assert_close(steps.output, expected)
     torch.testing.assert_close(steps.weights, torch.tensor([*softmax_ref([3.0, 0.0]), 0.0]))
-    nothing = lookup.lookup(q, mask=torch.zeros(3, dtype=torch.bool))
+    nothing = address_book.lookup(q, mask=torch.zeros(3, dtype=torch.bool))
     assert torch.equal(nothing.weights, torch.zeros(3)) and torch.equal(nothing.output, torch.zeros(3))
 
 
 def test_table_prints_labels_and_values():
-    text = lookup.table(torch.tensor([[0.45, 0.45, 0.1]]), ["weights"], lookup.RECORDS)
+    text = address_book.table(torch.tensor([[0.45, 0.45, 0.1]]), ["weights"], address_book.RECORDS)
     header, row = text.splitlines()
-    assert all(r in header for r in lookup.RECORDS)
+    assert all(r in header for r in address_book.RECORDS)
     assert row.split()[1:] == ["0.450", "0.450", "0.100"]
 
 
 def test_draw_lookup_shows_the_query_weights_and_output():
-    fig = lookup.draw_lookup(zhang_san=3, li_si=0, address=1, phone=1)
+    fig = address_book.draw_lookup(zhang_san=3, li_si=0, address=1, phone=1)
     try:
         ax_q, ax_w, ax_out = fig.axes
         assert "q = [3, 0, 1, 1]" in fig._suptitle.get_text()
         assert [p.get_height() for p in ax_q.patches] == [3.0, 0.0, 1.0, 1.0]
         heights = [p.get_height() for p in ax_w.patches]
         assert heights == pytest.approx(softmax_ref([2.0, 2.0, 0.5]), abs=1e-6)
-        assert [t.get_text() for t in ax_w.get_xticklabels()] == list(lookup.RECORDS)
-        assert [t.get_text() for t in ax_out.get_xticklabels()] == list(lookup.VALUE_NAMES)
+        assert [t.get_text() for t in ax_w.get_xticklabels()] == list(address_book.RECORDS)
+        assert [t.get_text() for t in ax_out.get_xticklabels()] == list(address_book.VALUE_NAMES)
         assert [p.get_height() for p in ax_out.patches] == pytest.approx(heights, abs=1e-6)
     finally:
         matplotlib.pyplot.close(fig)
 
 
 def test_draw_lookup_without_scaling_is_sharper():
-    fig = lookup.draw_lookup(zhang_san=6, address=6, phone=0, scaled=False)
+    fig = address_book.draw_lookup(zhang_san=6, address=6, phone=0, scaled=False)
     try:
         heights = [p.get_height() for p in fig.axes[1].patches]
         assert heights == pytest.approx(softmax_ref([12.0, 6.0, 6.0]), abs=1e-6)
@@ -105,14 +105,14 @@ def test_draw_lookup_without_scaling_is_sharper():
 
 def test_draw_bars_groups_one_bar_per_series_and_keeps_the_legend_off_the_bars():
     series = {"combined": [0.45, 0.45, 0.1], "address": [0.909, 0.045, 0.045], "phone": [0.047, 0.95, 0.002]}
-    fig = lookup.draw_bars(series, lookup.VALUE_NAMES, title="t", xlabel="answer slot", ylabel="amount")
+    fig = address_book.draw_bars(series, address_book.VALUE_NAMES, title="t", xlabel="answer slot", ylabel="amount")
     try:
         (ax,) = fig.axes
         heights = [p.get_height() for p in ax.patches]
         assert heights == pytest.approx([v for values in series.values() for v in values])
         centres = [p.get_x() + p.get_width() / 2 for p in ax.patches]
         assert centres[3:6] == pytest.approx([0, 1, 2])  # the middle series is centred on its label
-        assert [t.get_text() for t in ax.get_xticklabels()] == list(lookup.VALUE_NAMES)
+        assert [t.get_text() for t in ax.get_xticklabels()] == list(address_book.VALUE_NAMES)
         assert [t.get_text() for t in ax.get_legend().get_texts()] == list(series)
         assert {t.get_text() for t in ax.texts} >= {"0.450", "0.950"}  # values written on the bars
         fig.canvas.draw()

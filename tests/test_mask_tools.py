@@ -1,4 +1,4 @@
-"""mha_course.mask_tools against PyTorch's own attention APIs and naive loops."""
+"""mha_course.lessons.mask_lab against PyTorch's own attention APIs and naive loops."""
 
 import itertools
 
@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import mha_course as mc
-from mha_course import mask_tools as mt
+from mha_course.lessons import mask_lab as mt
 
 matplotlib.use("Agg")
 

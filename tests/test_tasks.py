@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mha_course.tasks import KEY_NAMES, TwoRelationTask
+from mha_course.lessons.relation_task import KEY_NAMES, TwoRelationTask
 
 TASKS = [
     TwoRelationTask(),

@@ -16,8 +16,9 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import mha_course as mc  # noqa: E402
-from mha_course import bench, tiled  # noqa: E402
+from mha_course import tiled
 from mha_course.check import tiled as check_tiled  # noqa: E402
+from mha_course.lessons import benchmark
 
 
 def _explicit(q, k, v, mask=None):
@@ -130,8 +131,8 @@ def test_tiled_peak_memory_is_below_the_score_matrix_at_long_length():
     q = k = v = torch.randn(1, 2, L, 16)
     scores_bytes = 2 * L * L * 4
     with torch.no_grad():
-        explicit = bench.peak_memory(lambda: mc.scaled_dot_product_attention(q, k, v))
-        tiled_peak = bench.peak_memory(lambda: tiled.tiled_attention(q, k, v, block_size=block))
+        explicit = benchmark.peak_memory(lambda: mc.scaled_dot_product_attention(q, k, v))
+        tiled_peak = benchmark.peak_memory(lambda: tiled.tiled_attention(q, k, v, block_size=block))
     assert explicit >= scores_bytes
     assert tiled_peak < scores_bytes / 10
 

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 
 import mha_course as mc
-from mha_course import training
-from mha_course.tasks import TwoRelationTask
+from mha_course.lessons import tiny_training
+from mha_course.lessons.relation_task import TwoRelationTask
 
 TASK = TwoRelationTask()
 
@@ -21,7 +21,7 @@ def expected_param_count(task, d):
 @pytest.mark.parametrize("d_model", [16, 32])
 def test_parameter_count_does_not_depend_on_the_number_of_heads(d_model):
     counts = {
-        h: sum(p.numel() for p in training.TinyAttentionModel(TASK, h, d_model).parameters()) for h in (1, 2, 4, 8)
+        h: sum(p.numel() for p in tiny_training.TinyAttentionModel(TASK, h, d_model).parameters()) for h in (1, 2, 4, 8)
     }
     assert set(counts.values()) == {expected_param_count(TASK, d_model)}
 
@@ -29,7 +29,7 @@ def test_parameter_count_does_not_depend_on_the_number_of_heads(d_model):
 @pytest.mark.parametrize("num_heads", [1, 2, 4])
 def test_model_equals_a_reimplementation_with_torch_modules(num_heads):
     torch.manual_seed(0)
-    model = training.TinyAttentionModel(TASK, num_heads).eval()
+    model = tiny_training.TinyAttentionModel(TASK, num_heads).eval()
     batch = TASK.sample(6, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         logits, weights = model(batch.keys, batch.values, need_weights=True)
@@ -48,12 +48,14 @@ def test_model_equals_a_reimplementation_with_torch_modules(num_heads):
 
 
 def test_same_seed_gives_bit_identical_training():
-    runs = [training.train(TASK, 2, seed=7, steps=15, eval_every=5, eval_size=50, progress=False) for _ in range(2)]
+    runs = [
+        tiny_training.train(TASK, 2, seed=7, steps=15, eval_every=5, eval_size=50, progress=False) for _ in range(2)
+    ]
     (m1, h1), (m2, h2) = runs
     assert h1 == h2 and len(h1.steps) == 3 and h1.steps == [5, 10, 15]
     for (name, p1), p2 in zip(m1.state_dict().items(), m2.state_dict().values(), strict=True):
         assert torch.equal(p1, p2), name
-    _, h3 = training.train(TASK, 2, seed=8, steps=15, eval_every=5, eval_size=50, progress=False)
+    _, h3 = tiny_training.train(TASK, 2, seed=8, steps=15, eval_every=5, eval_size=50, progress=False)
     assert h3.loss != h1.loss
 
 
@@ -61,14 +63,14 @@ def test_training_restores_threads_and_global_rng():
     threads = torch.get_num_threads()
     torch.manual_seed(123)
     state = torch.random.get_rng_state()
-    training.train(TASK, 1, seed=0, steps=2, eval_size=10, progress=False)
+    tiny_training.train(TASK, 1, seed=0, steps=2, eval_size=10, progress=False)
     assert torch.get_num_threads() == threads
     assert torch.equal(torch.random.get_rng_state(), state)
 
 
 def test_fixed_threads_restores_after_an_error():
     before = torch.get_num_threads()
-    with pytest.raises(RuntimeError), training.fixed_threads(1):
+    with pytest.raises(RuntimeError), tiny_training.fixed_threads(1):
         assert torch.get_num_threads() == 1
         raise RuntimeError("boom")
     assert torch.get_num_threads() == before
@@ -83,8 +85,8 @@ def test_history_records_the_mean_loss_since_the_last_evaluation(monkeypatch):
         seen.append(loss.item())
         return loss
 
-    monkeypatch.setattr(training.F, "cross_entropy", spy)
-    _, hist = training.train(TASK, 1, seed=0, steps=7, eval_every=3, eval_size=20, progress=False)
+    monkeypatch.setattr(tiny_training.F, "cross_entropy", spy)
+    _, hist = tiny_training.train(TASK, 1, seed=0, steps=7, eval_every=3, eval_size=20, progress=False)
     assert hist.steps == [3, 6, 7]
     expected = [sum(seen[0:3]) / 3, sum(seen[3:6]) / 3, seen[6]]
     assert hist.loss == pytest.approx(expected)
@@ -92,9 +94,9 @@ def test_history_records_the_mean_loss_since_the_last_evaluation(monkeypatch):
 
 
 def test_evaluate_matches_the_task_metric_and_restores_the_mode():
-    model = training.TinyAttentionModel(TASK, 2).train()
-    batch = training.eval_batch(TASK, 30)
-    acc = training.evaluate(model, batch)
+    model = tiny_training.TinyAttentionModel(TASK, 2).train()
+    batch = tiny_training.eval_batch(TASK, 30)
+    acc = tiny_training.evaluate(model, batch)
     assert model.training
     with torch.no_grad():
         logits, _ = model.eval()(batch.keys, batch.values)
@@ -109,20 +111,20 @@ def test_an_open_progress_bar_is_advanced_once_per_step():
             self.n += k
 
     bar = Bar()
-    training.train(TASK, 1, seed=0, steps=4, eval_size=10, progress=bar)
+    tiny_training.train(TASK, 1, seed=0, steps=4, eval_size=10, progress=bar)
     assert bar.n == 4
 
 
 def test_two_heads_beat_one_head():
     """Same d_model, same parameter count, same seed and batches: after 120 steps the two-head model
     solves the task (both relations), the one-head model only one of them (exact ≈ 1/8)."""
-    one = training.train(TASK, 1, seed=1, steps=120, eval_every=40, progress=False)[1].final()
-    two = training.train(TASK, 2, seed=1, steps=120, eval_every=40, progress=False)[1].final()
+    one = tiny_training.train(TASK, 1, seed=1, steps=120, eval_every=40, progress=False)[1].final()
+    two = tiny_training.train(TASK, 2, seed=1, steps=120, eval_every=40, progress=False)[1].final()
     assert two["exact"] > 0.95
     assert one["exact"] < 0.3
     assert two["exact"] > one["exact"] + 0.5
 
 
 def test_the_models_attention_is_the_course_module():
-    model = training.TinyAttentionModel(TASK, 4)
+    model = tiny_training.TinyAttentionModel(TASK, 4)
     assert isinstance(model.attn, mc.MultiHeadAttention) and model.attn.d_head == 8

@@ -1,8 +1,8 @@
-"""mha_course.verify.proof_line: the verdict follows the real error, and only the bound is printed."""
+"""mha_course.kit.verify.proof_line: the verdict follows the real error, and only the bound is printed."""
 
 import torch
 
-from mha_course.verify import proof_line
+from mha_course.kit.verify import proof_line
 
 
 def test_bitwise_claims():

@@ -27,7 +27,11 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from mha_course import notebook_tools, quiz
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script too: the repository's tools
+from authoring import notebooks as notebook_tools  # noqa: E402
+from mha_course.kit import quiz
+
+pytestmark = pytest.mark.slow  # pip plans and second interpreters: not in `course.py test --fast`
 
 try:
     import tomllib
@@ -35,7 +39,7 @@ except ModuleNotFoundError:  # Python 3.10: pytest depends on tomli there
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
-QUIZZES = sorted(p.stem for p in (ROOT / "mha_course" / "quizzes").glob("*.json"))
+QUIZZES = sorted(p.stem for p in (ROOT / "mha_course" / "kit" / "quizzes").glob("*.json"))
 VERSION = Version(W.__version__)
 
 
@@ -100,6 +104,29 @@ def test_quiz_show_displays_the_static_quiz_then_the_widget(monkeypatch):
     assert isinstance(shown[1], W.VBox)
 
 
+PREDICTIONS = sorted(p.stem for p in (ROOT / "mha_course" / "kit" / "predictions").glob("*.json"))
+
+
+@pytest.mark.parametrize("key", PREDICTIONS)
+def test_prediction_widgets_record_a_click(key):
+    from mha_course.kit import predict
+
+    for name, question in predict.load(key).items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            box = predict.widget(key, name, question)
+        assert not _widget_warnings(caught), _widget_warnings(caught)
+        control, (button, note) = box.children[0], box.children[1].children
+        assert isinstance(button, W.Button) and isinstance(note, W.HTML)
+        if question.get("options"):
+            assert list(control._options_labels)[0].startswith("a) ")
+            control.set_state({"index": len(question["options"]) - 1})  # a click in the front end
+        else:
+            control.set_state({"value": 2.5})
+        button.click()
+        assert note.value.startswith("Recorded:"), note.value
+
+
 # --- explorers, driven in each notebook -----------------------------------------------------------------
 
 
@@ -127,7 +154,7 @@ def drive(path: Path) -> dict:
     matplotlib.use("Agg")
     from IPython.core.interactiveshell import InteractiveShell
 
-    import mha_course.widgets as mw
+    import mha_course.kit.widgets as mw
 
     explorers = []
     real_explorer = mw.explorer

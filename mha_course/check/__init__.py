@@ -4,39 +4,52 @@ Each checker runs your function on a few fixed random inputs of several shapes, 
 the course's reference and, when something is off, names the likely mistake. It never raises
 because of your code and never shows the reference code.
 
-Checkers are discovered automatically: every module ``mha_course/check/<topic>.py`` (name not
-starting with ``_``) is imported and each name in its ``__all__`` becomes ``mc.check.<name>``.
-See ``mha_course/check/_core.py`` for how to write one. ``available()`` lists them.
+One module per topic; each checker is imported here by name (add a line for a new one). How
+to write one: ``mha_course/check/framework.py``. ``available()`` lists them.
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
+from .accounting import count_attention_params, kv_cache_bytes
+from .address_book import address_book_query
+from .attention import multi_head_attention, scaled_dot_product_attention
+from .diagnostics import attention_entropy
+from .framework import CheckResult
+from .gqa import repeat_kv
+from .head_budget import attention_flops_split
+from .heads import merge_heads, split_heads
+from .masks import causal_mask, padding_mask
+from .per_head import multi_head_attention_per_head
+from .pretrained import previous_token_score
+from .specialize import ablate_heads
+from .tiled import online_softmax_update
 
-from ._core import CheckResult
+#: every checker: ``mc.check.<name>(fn) -> CheckResult``
+CHECKERS = {
+    fn.__name__: fn
+    for fn in (
+        scaled_dot_product_attention,
+        address_book_query,
+        multi_head_attention_per_head,
+        multi_head_attention,
+        count_attention_params,
+        attention_flops_split,
+        split_heads,
+        merge_heads,
+        causal_mask,
+        padding_mask,
+        repeat_kv,
+        kv_cache_bytes,
+        ablate_heads,
+        previous_token_score,
+        online_softmax_update,
+        attention_entropy,
+    )
+}
 
-__all__ = ["CheckResult", "available"]
-_ORIGIN: dict[str, str] = {}
-
-
-def _discover() -> None:
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        for name in getattr(module, "__all__", ()):
-            if name in _ORIGIN or name in __all__:
-                where = _ORIGIN.get(name, "mha_course.check")
-                raise ImportError(f"checker name {name!r} in {module.__name__} is already defined by {where}")
-            globals()[name] = getattr(module, name)
-            _ORIGIN[name] = module.__name__
-            __all__.append(name)
+__all__ = ["CheckResult", "CHECKERS", "available", *CHECKERS]
 
 
 def available() -> list[str]:
     """Names of all checkers, sorted (``mc.check.<name>(fn)``)."""
-    return sorted(_ORIGIN)
-
-
-_discover()
+    return sorted(CHECKERS)

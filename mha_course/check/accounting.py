@@ -9,7 +9,7 @@ from __future__ import annotations
 from fractions import Fraction as _F
 
 from .. import accounting as _accounting
-from ._core import Case, CheckResult, Mistake, run_check
+from .framework import Case, CheckResult, Mistake, run_check
 
 __all__ = ["count_attention_params", "kv_cache_bytes"]
 

@@ -8,7 +8,7 @@ import torch
 
 from .. import attention as _attention
 from .. import heads as _heads
-from ._core import Case, CheckResult, Mistake, run_check, tensor_generator
+from .framework import Case, CheckResult, Mistake, run_check, tensor_generator
 
 __all__ = ["scaled_dot_product_attention", "multi_head_attention"]
 

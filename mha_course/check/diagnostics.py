@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from ._core import Case, CheckResult, Mistake, run_check, tensor_generator
+from .framework import Case, CheckResult, Mistake, run_check, tensor_generator
 
 __all__ = ["attention_entropy"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import gqa as _gqa
-from ._core import Case, CheckResult, Mistake, run_check, tensor_generator
+from .framework import Case, CheckResult, Mistake, run_check, tensor_generator
 
 __all__ = ["repeat_kv"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import heads as _heads
-from ._core import Case, CheckResult, Mistake, run_check, tensor_generator
+from .framework import Case, CheckResult, Mistake, run_check, tensor_generator
 
 __all__ = ["split_heads", "merge_heads"]
 

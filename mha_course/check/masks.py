@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import masks as _masks
-from ._core import Case, CheckResult, Mistake, run_check
+from .framework import Case, CheckResult, Mistake, run_check
 
 __all__ = ["causal_mask", "padding_mask"]
 

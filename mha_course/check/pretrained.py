@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ..pretrained import next_token_score
-from ..pretrained import previous_token_score as _reference
-from ._core import Case, Mistake, run_check, tensor_generator
+from ..lessons.pretrained import next_token_score
+from ..lessons.pretrained import previous_token_score as _reference
+from .framework import Case, Mistake, run_check, tensor_generator
 
 __all__ = ["previous_token_score"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ._core import Case, CheckResult, Mistake, run_check, tensor_generator
+from .framework import Case, CheckResult, Mistake, run_check, tensor_generator
 
 __all__ = ["ablate_heads"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..tiled import online_softmax_update as _reference
-from ._core import Case, Mistake, run_check, tensor_generator
+from .framework import Case, Mistake, run_check, tensor_generator
 
 __all__ = ["online_softmax_update"]
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from mha_course import notebook_tools
+from authoring import notebooks as notebook_tools
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = Path(__file__).resolve().parent / "screenshots"
@@ -222,7 +222,9 @@ def browser(chromium_executable):
 
 @pytest.fixture(scope="session")
 def screenshots() -> Path:
-    """tests/browser/screenshots/ (git-ignored; CI keeps it), emptied once per session."""
-    shutil.rmtree(SCREENSHOTS, ignore_errors=True)
-    SCREENSHOTS.mkdir(parents=True)
+    """tests/browser/screenshots/ (git-ignored; CI keeps it), its screenshots removed once per
+    session; subfolders (site/, the website's test, which may run at the same time) are left."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    for old in SCREENSHOTS.glob("*.png"):
+        old.unlink()
     return SCREENSHOTS

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from mha_course import notebook_tools, quiz
+from authoring import notebooks as notebook_tools
+from mha_course.kit import quiz
 
 pytestmark = pytest.mark.browser
 

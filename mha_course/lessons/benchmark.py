@@ -1,8 +1,8 @@
 """How fast is each attention implementation on this machine, against PyTorch and against the
 machine's own matrix-multiply rate? Forward passes in float32, inference (no autograd), CPU.
 
-    python -m mha_course.bench            # sweep: B in (1, 8), L in (128 … 1024), causal or not
-    python -m mha_course.bench --quick    # the target configuration only (well under a minute)
+    python -m mha_course.lessons.benchmark            # sweep: B in (1, 8), L in (128 … 1024), causal or not
+    python -m mha_course.lessons.benchmark --quick    # the target configuration only (well under a minute)
 
 Implementations (``IMPLEMENTATIONS``), all with the same weights and the same mask:
 
@@ -63,11 +63,11 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 
-from . import _validate
-from .accounting import attention_flops
-from .heads import split_heads
-from .masks import causal_mask
-from .multihead import LoopedMultiHeadAttention
+from .. import validation
+from ..accounting import attention_flops
+from ..heads import split_heads
+from ..masks import causal_mask
+from ..multihead import LoopedMultiHeadAttention
 
 IMPLEMENTATIONS = ("looped", "ours+weights", "ours+SDPA", "torch+weights", "torch", "SDPA alone")
 #: the nn.MultiheadAttention call with the same semantics as each implementation
@@ -318,7 +318,7 @@ def time_round_robin(
     are not lost in timer and scheduler noise), then ``repeats`` rounds of one sample of each
     function, in order. ``outputs``: a dict that receives what each function returned in the
     warm-up round. ``progress``: a tqdm bar to advance once per round."""
-    _validate.positive_int("repeats", repeats)
+    validation.positive_int("repeats", repeats)
     number = {}
     times: dict[str, list[float]] = {name: [] for name in fns}
     with torch.no_grad():
@@ -371,7 +371,7 @@ def run(
     wanted = [n for n in IMPLEMENTATIONS if n in names or n in {REFERENCE[m] for m in names}]
     previous_threads = torch.get_num_threads()
     if num_threads is not None:
-        torch.set_num_threads(_validate.positive_int("num_threads", num_threads))
+        torch.set_num_threads(validation.positive_int("num_threads", num_threads))
     report = Report(machine=machine_info())
     bar = None
     if progress:
@@ -519,7 +519,9 @@ def to_json(report: Report) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mha_course.bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m mha_course.lessons.benchmark", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--quick", action="store_true", help="only the target configuration (B=8, L=512, causal)")
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds per configuration (5; quick: 4)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")

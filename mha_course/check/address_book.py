@@ -4,39 +4,39 @@ from __future__ import annotations
 
 import torch
 
-from .. import lookup
-from ._core import _NOT_ATTEMPTED, Case, CheckResult, _call, _raised, _type_name
+from ..lessons import address_book
+from .framework import NOT_ATTEMPTED, Case, CheckResult, call_learner, raised_message, type_name
 
 __all__ = ["address_book_query"]
 
-#: (person, attribute, index of the record that answers it in lookup.RECORDS)
+#: (person, attribute, index of the record that answers it in address_book.RECORDS)
 QUESTIONS = (("Zhang San", "address", 0), ("Zhang San", "phone", 1), ("Li Si", "address", 2))
 THRESHOLD = 0.9
 
 
 def address_book_query(fn) -> CheckResult:
-    """Check ``fn(person, attribute) -> q``: a float tensor (4,) over ``lookup.KEY_FEATURES`` whose
+    """Check ``fn(person, attribute) -> q``: a float tensor (4,) over ``address_book.KEY_FEATURES`` whose
     scaled lookup in the address book puts weight >= 0.9 on the record that answers the question,
     for each of the three records. Any such query passes (it need not be non-negative or unique)."""
     name = "address_book_query"
     if not callable(fn):
-        return CheckResult(False, f"{name}: expected your function, got {_type_name(fn)} — pass the function itself")
+        return CheckResult(False, f"{name}: expected your function, got {type_name(fn)} — pass the function itself")
     lowest = 1.0
     for i, (person, attribute, target) in enumerate(QUESTIONS, start=1):
         where = f"case {i} of {len(QUESTIONS)}: {person}'s {attribute}"
         call = f"{name}(person={person!r}, attribute={attribute!r})"
         try:
-            q = _call(fn, Case((person, attribute)))
+            q = call_learner(fn, Case((person, attribute)))
         except NotImplementedError as exc:
             if i == 1:
-                return CheckResult(False, f"{name}: {_NOT_ATTEMPTED}", status="not attempted")
-            return _raised(name, exc, where, call, extra=" — answer every question")
+                return CheckResult(False, f"{name}: {NOT_ATTEMPTED}", status="not attempted")
+            return raised_message(name, exc, where, call, extra=" — answer every question")
         except Exception as exc:  # noqa: BLE001 - report, never raise
-            return _raised(name, exc, where, call)
+            return raised_message(name, exc, where, call)
         problem = _shape_problem(q)
         if problem:
             return CheckResult(False, f"{name}: {problem} ({where})", call)
-        weights = lookup.lookup(q.detach().float().cpu()).weights
+        weights = address_book.lookup(q.detach().float().cpu()).weights
         lowest = min(lowest, weights[target].item())
         diagnosis = _diagnose(weights, target)
         if diagnosis:
@@ -52,11 +52,11 @@ def address_book_query(fn) -> CheckResult:
 
 def _shape_problem(q) -> str | None:
     if not isinstance(q, torch.Tensor):
-        return f"your query should be a torch.Tensor of shape (4,), got {_type_name(q)}"
+        return f"your query should be a torch.Tensor of shape (4,), got {type_name(q)}"
     if tuple(q.shape) != (4,):
         return (
             f"your query has shape {tuple(q.shape)}, expected (4,): one number per key feature "
-            f"{list(lookup.KEY_FEATURES)}"
+            f"{list(address_book.KEY_FEATURES)}"
         )
     if not q.is_floating_point():
         return f"your query has dtype {q.dtype}, expected a floating-point tensor (e.g. torch.zeros(4))"
@@ -70,17 +70,17 @@ def _diagnose(weights: torch.Tensor, target: int) -> str | None:
     w = weights.tolist()
     best = max(range(len(w)), key=w.__getitem__)
     tied = [j for j in range(len(w)) if abs(w[j] - w[best]) < 1e-4]
-    want = lookup.RECORDS[target]
+    want = address_book.RECORDS[target]
     if len(tied) > 1 and target in tied:
-        others = " and ".join(f"'{lookup.RECORDS[j]}'" for j in tied)
+        others = " and ".join(f"'{address_book.RECORDS[j]}'" for j in tied)
         return (
             f"the query cannot tell {others} apart (equal weights): name both the person and the "
             f"attribute, one feature each"
         )
     if best != target:
         return (
-            f"the query reads mostly '{lookup.RECORDS[best]}' ({w[best]:.3f}) instead of '{want}' "
-            f"— check which entries you set: the features are {list(lookup.KEY_FEATURES)}"
+            f"the query reads mostly '{address_book.RECORDS[best]}' ({w[best]:.3f}) instead of '{want}' "
+            f"— check which entries you set: the features are {list(address_book.KEY_FEATURES)}"
         )
     if w[target] < THRESHOLD:
         return (

@@ -21,12 +21,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import _validate
-from .block import Encoder
+from .. import validation
+from ..block import Encoder
+from ..heads import merge_heads, split_heads
+from ..masks import causal_mask
+from ..multihead import MultiHeadAttention
 from .diagnostics import Report, draw_report
-from .heads import merge_heads, split_heads
-from .masks import causal_mask
-from .multihead import MultiHeadAttention
 
 NUM_PAIRS, PAIRS_PER_SEQ, NUM_COLORS = 8, 4, 4
 
@@ -41,7 +41,7 @@ def partner_batch(batch_size: int, *, generator: torch.Generator | None = None):
     Token 2j and 2j+1 are partners (labels ``A``/``a`` for j = 0); ``target[b, i]`` is the
     colour of the partner of ``tokens[b, i]``, which is somewhere else in the same sequence.
     """
-    _validate.positive_int("batch_size", batch_size)
+    validation.positive_int("batch_size", batch_size)
     B, n = batch_size, PAIRS_PER_SEQ
     pairs = torch.rand(B, NUM_PAIRS, generator=generator).argsort(dim=1)[:, :n]  # (B, n) distinct pairs
     tokens = torch.cat([2 * pairs, 2 * pairs + 1], dim=1)  # (B, 2n): both members of each pair

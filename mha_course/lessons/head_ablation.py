@@ -15,8 +15,8 @@ import matplotlib.pyplot as plt
 import torch
 from matplotlib.patches import Rectangle
 
-from .multihead import MultiHeadAttention
-from .plotting import heatmap
+from ..kit.plotting import heatmap
+from ..multihead import MultiHeadAttention
 
 #: outline colours of the two relations' targets in :func:`draw_head_maps`
 LOOKUP_COLOUR, OFFSET_COLOUR = "red", "orange"

@@ -1,23 +1,25 @@
 """The student edition: every numbered notebook with its exercise solutions taken out.
 
-    python -m mha_course student-edition OUT_DIR           build (the committed copy: notebooks/student)
-    python -m mha_course student-edition OUT_DIR --check   exit 1 if OUT_DIR is not what a build would write
+    python -m authoring student-edition OUT_DIR           build (the committed copy: notebooks/student)
+    python -m authoring student-edition OUT_DIR --check   exit 1 if OUT_DIR is not what a build would write
 
 What a build does to each solution notebook ``notebooks/NN_*.ipynb`` (see docs/authoring.md):
 
-* in code cells, each region ``### BEGIN SOLUTION hint: <one-line hint>`` … ``### END SOLUTION``
-  becomes ``raise NotImplementedError("Exercise N.M — <hint>")``, indented like the BEGIN line
-  (N: the notebook's number without the leading zero; M: 1, 2, … in the notebook's order);
+* in code cells, each region ``### BEGIN SOLUTION`` … ``### END SOLUTION`` becomes
+  ``raise NotImplementedError("Exercise N.M: your code here — mc.hint("N.M") gives a hint, ...")``,
+  indented like the BEGIN line (N: the notebook's number without the leading zero; M: 1, 2, … in
+  the notebook's order); the hints themselves are ladders in ``mha_course/kit/hints/NN.json``;
 * cells tagged ``solution`` are removed;
-* changed code cells lose their outputs and execution counts; unchanged cells keep theirs;
+* changed code cells lose their outputs and execution counts, and so does every cell that calls a
+  checker (a stored ✅ would tell a learner the exercise is done); other cells keep theirs;
 * the Colab badge points at the student copy (``notebooks/student/NAME.ipynb``) and a line under
   it says that this is the student edition;
 * relative links in markdown that leave the folder are rewritten for the folder one level down.
 
-A malformed region (no hint, no END, an END without a BEGIN, nested regions, a region at the top
+A malformed region (text after BEGIN SOLUTION, no END, an END without a BEGIN, nested regions, a region at the top
 level of a cell, where the raise would stop the notebook) is an error that names the notebook and
 the cell. Building the committed copy (OUT_DIR = notebooks/student) also brings the generated
-exercise reference of ``docs/instructor_guide.md`` up to date (exercises, hints, and each
+exercise reference of ``docs/instructor_guide.md`` up to date (exercises, hint ladders, and each
 checker's list of diagnosed mistakes).
 """
 
@@ -33,7 +35,7 @@ import unicodedata
 from collections.abc import Iterable
 from pathlib import Path
 
-from . import notebook_tools
+from . import notebooks as notebook_tools
 
 SOLUTION_TAG = "solution"
 #: where the committed student edition lives (its Colab badges point here)
@@ -48,7 +50,6 @@ LINE_LENGTH = 120  # the project's ruff line length: longer raise lines are wrap
 
 _BEGIN = re.compile(r"^(?P<indent>[ \t]*)### BEGIN SOLUTION\b(?P<rest>.*)$")
 _END = re.compile(r"^[ \t]*### END SOLUTION\b")
-_HINT = re.compile(r"^\s+hint:\s*(?P<hint>\S.*?)\s*$")
 _DEF = re.compile(r"^(?P<indent>[ \t]*)(?:async\s+)?def\s+(?P<name>\w+)\s*\(")
 _CHECK = re.compile(r"\bmc\.check\.(?P<name>\w+)\s*\(")
 _LINK = re.compile(r"(\]\()(?P<target>[^)\s]+)(\))")
@@ -70,7 +71,6 @@ class Exercise:
 
     number: str
     notebook: str
-    hint: str
     cell: int
     function: str | None
     checker: str | None
@@ -79,7 +79,13 @@ class Exercise:
     @property
     def message(self) -> str:
         """The text of the student edition's ``NotImplementedError``."""
-        return f"Exercise {self.number} — {self.hint}"
+        return exercise_message(self.number)
+
+
+def exercise_message(number: str) -> str:
+    """The student edition's placeholder text for exercise ``number``: the task stays in the
+    notebook; help comes from the hint ladder, one step at a time."""
+    return f"Exercise {number}: your code here — mc.hint('{number}') gives a hint, one step at a time"
 
 
 def _source(cell) -> str:
@@ -124,11 +130,10 @@ def strip_solutions(source: str, *, notebook: str, cell: int, first_number: int 
             where = _where(notebook, cell, source)
             if region is not None:
                 raise SolutionMarkupError(f"{where}: line {lineno}: a second BEGIN SOLUTION before END SOLUTION")
-            hint = _HINT.match(begin.group("rest"))
-            if hint is None:
+            if begin.group("rest").strip():
                 raise SolutionMarkupError(
-                    f"{where}: line {lineno}: `### BEGIN SOLUTION` without a hint — write "
-                    "`### BEGIN SOLUTION hint: <one-line hint>` (the student edition shows the hint)"
+                    f"{where}: line {lineno}: text after `### BEGIN SOLUTION` — the marker stands alone; "
+                    "hints are ladders in mha_course/kit/hints/NN.json"
                 )
             if not begin.group("indent"):
                 raise SolutionMarkupError(
@@ -141,18 +146,15 @@ def strip_solutions(source: str, *, notebook: str, cell: int, first_number: int 
                 if d and len(d.group("indent")) < len(begin.group("indent")):
                     function = d.group("name")
                     break
-            region = {"indent": begin.group("indent"), "hint": hint.group("hint"), "function": function, "body": []}
+            region = {"indent": begin.group("indent"), "function": function, "body": []}
         elif end:
             if region is None:
                 raise SolutionMarkupError(
                     f"{_where(notebook, cell, source)}: line {lineno}: END SOLUTION without a BEGIN SOLUTION"
                 )
             number = f"{n}.{first_number + len(exercises)}"
-            message = f"Exercise {number} — {region['hint']}"
-            out += raise_lines(region["indent"], message)
-            exercises.append(
-                Exercise(number, notebook, region["hint"], cell, region["function"], None, tuple(region["body"]))
-            )
+            out += raise_lines(region["indent"], exercise_message(number))
+            exercises.append(Exercise(number, notebook, cell, region["function"], None, tuple(region["body"])))
             region = None
         elif region is not None:
             region["body"].append(line)
@@ -208,7 +210,7 @@ def student_notebook(nb, *, notebook: str, out_rel: str = "notebooks/student", s
         if cell.cell_type == "code":
             stripped, found = strip_solutions(source, notebook=notebook, cell=index, first_number=len(exercises) + 1)
             exercises += found
-            if stripped != source:
+            if stripped != source or _CHECK.search(source):
                 new.source, new.outputs, new.execution_count = stripped, [], None
                 new.metadata.pop("execution", None)
         elif cell.cell_type == "markdown":
@@ -309,10 +311,10 @@ def checker_diagnoses(name: str) -> list[str]:
     import importlib
     import inspect
 
-    from . import check
-    from .check import _core
+    from mha_course import check
+    from mha_course.check import framework as _core
 
-    module = importlib.import_module(check._ORIGIN[name])
+    module = importlib.import_module(check.CHECKERS[name].__module__)
     if getattr(module, "run_check", None) is not _core.run_check:
         return []
     signature = inspect.signature(_core.run_check)
@@ -331,13 +333,24 @@ def checker_diagnoses(name: str) -> list[str]:
 
 
 def guide_reference_markdown(found: list[Exercise] | None = None) -> str:
-    """The generated part of docs/instructor_guide.md: per exercise its hint, the checker and
-    the checker's diagnosis list."""
+    """The generated part of docs/instructor_guide.md: per exercise its hint ladder, the checker
+    and the checker's diagnosis list."""
+    from mha_course.kit import hint_ladder as hints
+
     found = exercises() if found is None else found
     lines = []
     for e in found:
         where = f"`{e.function}`" if e.function else "(no function)"
-        lines += [f"#### Exercise {e.number} — {where} ({e.notebook})", "", f"- **Hint shown:** {e.hint}"]
+        lines += [f"#### Exercise {e.number} — {where} ({e.notebook})", ""]
+        try:
+            ladder = hints.ladder(e.number)
+        except ValueError:
+            ladder = []
+        if ladder:
+            lines.append(f'- **Hint ladder** (`mc.hint("{e.number}")`, one rung per call):')
+            lines += [f"  {i}. {rung}" for i, rung in enumerate(ladder, 1)]
+        else:
+            lines.append(f"- **Hint ladder:** none yet (mha_course/kit/hints/{e.notebook[:2]}.json)")
         diagnoses = checker_diagnoses(e.checker) if e.checker else []
         if diagnoses:
             lines.append(f"- **Checker:** `mc.check.{e.checker}` — the mistakes it names:")
@@ -353,7 +366,7 @@ def guide_reference_markdown(found: list[Exercise] | None = None) -> str:
 def guide_text(found: list[Exercise] | None = None) -> str:
     """docs/instructor_guide.md with its generated exercise reference brought up to date."""
     text = GUIDE.read_text(encoding="utf-8")
-    return notebook_tools._replace_block(text, "exercise-reference", guide_reference_markdown(found))
+    return notebook_tools.replace_block(text, "exercise-reference", guide_reference_markdown(found))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -361,7 +374,7 @@ def guide_text(found: list[Exercise] | None = None) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mha_course student-edition", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m authoring student-edition", description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir", type=Path, help="folder for the student notebooks (committed: notebooks/student)")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if OUT_DIR is stale")
     args = parser.parse_args(argv)
@@ -371,7 +384,7 @@ def main(argv: list[str]) -> int:
             for p in problems:
                 print(p)
             if problems:
-                print(f"the student edition is stale: run `python -m mha_course student-edition {args.out_dir}`")
+                print(f"the student edition is stale: run `python -m authoring student-edition {args.out_dir}`")
             return 1 if problems else 0
         found = build(args.out_dir)
     except SolutionMarkupError as err:

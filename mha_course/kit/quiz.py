@@ -1,6 +1,6 @@
 """Self-check quizzes: multiple-choice questions with an explanation for every option.
 
-The questions of notebook NN live in ``mha_course/quizzes/NN.json``::
+The questions of notebook NN live in ``mha_course/kit/quizzes/NN.json``::
 
     {"notebook": "01_single_head_attention",
      "questions": [{"question": "...", "section": "<a heading of the notebook>",
@@ -14,22 +14,13 @@ immediate feedback on each choice (the API common to ipywidgets 7 and 8).
 from __future__ import annotations
 
 import html
-import json
-from importlib import resources
+
+from . import course_data
 
 
 def load(notebook: str) -> dict:
     """The quiz of notebook ``notebook`` ("01" or "01_single_head_attention"), validated."""
-    key = notebook.split("_")[0]
-    try:
-        text = resources.files("mha_course.quizzes").joinpath(f"{key}.json").read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ValueError(f"no quiz for notebook {notebook!r} (looked for mha_course/quizzes/{key}.json)") from None
-    quiz = json.loads(text)
-    problems = validate(quiz)
-    if problems:
-        raise ValueError(f"quiz {key}.json is invalid: " + "; ".join(problems))
-    return quiz
+    return course_data.read("quizzes", notebook, validate)
 
 
 def validate(quiz: dict) -> list[str]:

@@ -24,10 +24,10 @@ from matplotlib.ticker import ScalarFormatter
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from . import _validate
-from .accounting import _heads, attention_flops, count_attention_params
-from .configs import MODEL_CONFIGS, ModelConfig
-from .gqa import GroupedQueryAttention
+from .. import validation
+from ..accounting import attention_flops, count_attention_params
+from ..configs import MODEL_CONFIGS, ModelConfig
+from ..gqa import GroupedQueryAttention
 
 __all__ = [
     "flops_split",
@@ -55,7 +55,7 @@ def flops_split(batch, seq_len, d_model, num_heads, num_kv_heads=None, *, head_d
     The two add up to :func:`mha_course.attention_flops`.
     """
     total = attention_flops(batch, seq_len, d_model, num_heads, num_kv_heads, head_dim=head_dim)
-    _, hd = _heads(d_model, num_heads, num_kv_heads, head_dim)
+    _, hd = validation.head_shape(d_model, num_heads, num_kv_heads, head_dim)
     scores = 2 * 2 * batch * num_heads * seq_len * seq_len * hd  # QKᵀ (B,h,L,L) and weights@V (B,h,L,hd)
     return total - scores, scores
 
@@ -67,7 +67,7 @@ def crossover_seq_len(d_model, num_heads, num_kv_heads=None, *, head_dim=None) -
     sharing K/V heads (GQA) shrinks the projections and moves the crossover down towards d.
     Longer sequences spend most of the layer's FLOPs on the L×L scores.
     """
-    h_kv, _ = _heads(d_model, num_heads, num_kv_heads, head_dim)
+    h_kv, _ = validation.head_shape(d_model, num_heads, num_kv_heads, head_dim)
     return d_model * (num_heads + h_kv) / num_heads
 
 
@@ -177,9 +177,9 @@ def draw_flops_vs_length(d_model: int = 512, *, batch: int = 1, max_len: int | N
 
     The crossover L = 2·d_model is where the 4·B·L²·d scores overtake the 8·B·L·d² projections.
     """
-    _validate.positive_int("d_model", d_model)
+    validation.positive_int("d_model", d_model)
     cross = crossover_seq_len(d_model, 1)
-    max_len = int(16 * cross) if max_len is None else _validate.positive_int("max_len", max_len)
+    max_len = int(16 * cross) if max_len is None else validation.positive_int("max_len", max_len)
     lengths = sorted({max(1, round(2 ** (k / 4))) for k in range(4 * max_len.bit_length())} | {max_len})
     lengths = [n for n in lengths if n <= max_len]
     proj, scores = zip(*(flops_split(batch, n, d_model, 1) for n in lengths), strict=True)
@@ -212,8 +212,8 @@ def draw_head_budget(d_model: int = 512, num_heads: int = 8, seq_len: int = 1024
     The chosen ``num_heads`` is highlighted; the title gives d_head, parameters and FLOPs at
     ``seq_len``, and the bottom line reads the trade-off (:func:`head_dim_note`).
     """
-    d_head = _validate.divisible(d_model, num_heads)
-    _validate.positive_int("seq_len", seq_len)
+    d_head = validation.divisible(d_model, num_heads)
+    validation.positive_int("seq_len", seq_len)
     hs = [h for h in (2**k for k in range(d_model.bit_length())) if d_model % h == 0 and h <= max(128, num_heads)]
     if num_heads not in hs:
         hs = sorted(set(hs) | {num_heads})

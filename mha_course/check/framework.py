@@ -17,7 +17,7 @@ register. Names must be unique across modules (a clash stops the import with an 
 is a function ``fn -> CheckResult`` built from three lists::
 
     import torch
-    from ._core import Case, Mistake, run_check, tensor_generator
+    from .framework import Case, Mistake, run_check, tensor_generator
 
     __all__ = ["double"]
 
@@ -71,7 +71,7 @@ __all__ = ["CheckResult", "Case", "Mistake", "run_check", "tensor_generator", "S
 SEED = 1234
 _STATUSES = ("passed", "failed", "not attempted")
 _ICONS = {"passed": "✅", "failed": "❌", "not attempted": "⏳"}
-_NOT_ATTEMPTED = "not attempted yet — replace the raise NotImplementedError with your code"
+NOT_ATTEMPTED = "not attempted yet — replace the raise NotImplementedError with your code"
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,7 @@ def tensor_generator(seed: int = SEED) -> torch.Generator:
 # describing things in one line
 
 
-def _type_name(x) -> str:
+def type_name(x) -> str:
     if x is None:
         return "None"
     if isinstance(x, torch.Tensor):
@@ -240,7 +240,7 @@ def _compare(got, exp, label: str, tol: _Tol, *, check_dtype: bool = True) -> st
     """None if ``got`` matches ``exp``; else one line saying what differs."""
     if isinstance(exp, torch.Tensor):
         if not isinstance(got, torch.Tensor):
-            return f"{label} should be a torch.Tensor, got {_type_name(got)}"
+            return f"{label} should be a torch.Tensor, got {type_name(got)}"
         if tuple(got.shape) != tuple(exp.shape):
             return f"{label} has shape {tuple(got.shape)}, expected {tuple(exp.shape)}"
         got = got.detach().cpu()
@@ -253,7 +253,7 @@ def _compare(got, exp, label: str, tol: _Tol, *, check_dtype: bool = True) -> st
     if isinstance(exp, tuple):
         names = exp.names if hasattr(exp, "names") else [f"{label}[{i}]" for i in range(len(exp))]
         if not isinstance(got, (tuple, list)) or len(got) != len(exp):
-            return f"{label} should be a tuple ({', '.join(names)}), got {_type_name(got)}"
+            return f"{label} should be a tuple ({', '.join(names)}), got {type_name(got)}"
         for name, g, e in zip(names, got, exp, strict=True):
             problem = _compare(g, e, name, tol, check_dtype=check_dtype)
             if problem:
@@ -271,11 +271,11 @@ def _compare(got, exp, label: str, tol: _Tol, *, check_dtype: bool = True) -> st
         if isinstance(got, float):
             return f"{label} is the float {got:.6g}, expected the int {int(exp):,}"
         if isinstance(got, torch.Tensor):
-            return f"{label} should be a Python int, got {_type_name(got)} (use .item())"
-        return f"{label} should be an int, got {_type_name(got)}"
+            return f"{label} should be a Python int, got {type_name(got)} (use .item())"
+        return f"{label} should be an int, got {type_name(got)}"
     if isinstance(exp, float):  # a wrong variant that returns e.g. GiB instead of bytes
         if isinstance(got, bool) or not isinstance(got, numbers.Real):
-            return f"{label} should be a number, got {_type_name(got)}"
+            return f"{label} should be a number, got {type_name(got)}"
         close = math.isclose(float(got), exp, rel_tol=tol.rtol, abs_tol=tol.atol)
         return None if close else f"{label} is {float(got):.6g}, expected {exp:.6g}"
     raise TypeError(f"cannot compare with a reference of type {type(exp).__name__}")  # checker bug
@@ -328,7 +328,7 @@ def _clone(x):
     return x
 
 
-def _call(fn, case: Case, *, pass_case: bool = False):
+def call_learner(fn, case: Case, *, pass_case: bool = False):
     """Call ``fn`` on clones of the case's inputs, without autograd, restoring the global RNG."""
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         if pass_case:
@@ -364,25 +364,25 @@ def run_check(
     tol = _Tol(atol, rtol)
     label = "your result" if output_names else output_label
     if not callable(fn):
-        return CheckResult(False, f"{name}: expected your function, got {_type_name(fn)} — pass the function itself")
+        return CheckResult(False, f"{name}: expected your function, got {type_name(fn)} — pass the function itself")
     runs = []  # (case, expected, got) for every case the learner's function returned from
     failure = None  # (where, call, problem) of the first wrong case
     for i, case in enumerate(cases, start=1):
         where = f"case {i} of {len(cases)}" + (f": {case.description}" if case.description else "")
         call = _describe_call(name, case, arg_names)
-        expected = _structure(_call(reference, case), output_names)
+        expected = _structure(call_learner(reference, case), output_names)
         try:
-            got = _call(fn, case)
+            got = call_learner(fn, case)
         except NotImplementedError as exc:
             if i == 1:
-                return CheckResult(False, f"{name}: {_NOT_ATTEMPTED}", status="not attempted")
+                return CheckResult(False, f"{name}: {NOT_ATTEMPTED}", status="not attempted")
             if failure is None:
-                return _raised(name, exc, where, call, extra=" — finish the part this case needs")
+                return raised_message(name, exc, where, call, extra=" — finish the part this case needs")
             break
         except Exception as exc:  # noqa: BLE001 - report, never raise
             if failure is None:
                 batched = any(isinstance(a, torch.Tensor) and a.dim() > 2 for a in case.args)
-                return _raised(name, exc, where, call, batched=batched)
+                return raised_message(name, exc, where, call, batched=batched)
             break
         try:
             problem = _compare(got, expected, label, tol)
@@ -402,7 +402,7 @@ def run_check(
     return CheckResult(False, f"{name}: {problem} ({where})", call)
 
 
-def _raised(name, exc, where, call, extra="", *, batched=False):
+def raised_message(name, exc, where, call, extra="", *, batched=False):
     text = _one_line(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
     line = _learner_line(exc)
     details = call + (f"\n{line}" if line else "")
@@ -417,7 +417,9 @@ def _diagnose(runs, index: int, mistakes: Sequence[Mistake], label: str, tol: _T
 
     def matches(mistake, case, expected, got, *, must_differ):
         try:
-            wrong = _structure(_call(mistake.fn, case, pass_case=mistake.on_case), getattr(expected, "names", None))
+            wrong = _structure(
+                call_learner(mistake.fn, case, pass_case=mistake.on_case), getattr(expected, "names", None)
+            )
             if must_differ and _compare(wrong, expected, label, tol, check_dtype=False) is None:
                 return False  # gives the right answer here: no evidence either way
             return _compare(got, wrong, label, tol, check_dtype=False) is None

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .multihead import MultiHeadAttention
+from ..multihead import MultiHeadAttention
 
 HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
 #: the sentence the notebook looks at first (the classic coreference example) and its twin,
@@ -425,7 +425,7 @@ def draw_head(layer: int, head: int, sentence: str, *, encoder: Encoder, tokeniz
     title: the explorer's drawing function (bind ``encoder`` and ``tokenizer`` with partial)."""
     import matplotlib.pyplot as plt
 
-    from .plotting import heatmap
+    from ..kit.plotting import heatmap
 
     tokens, maps = attention_maps(encoder, tokenizer, [sentence])[0]
     m = maps[layer, head]
@@ -455,7 +455,7 @@ def draw_role_scores(scores: dict[str, torch.Tensor]):
     """One annotated (n_layers × h) heatmap per role of :func:`role_scores`; returns the Figure."""
     import matplotlib.pyplot as plt
 
-    from .plotting import heatmap
+    from ..kit.plotting import heatmap
 
     n = len(scores)
     rows = (n + 1) // 2

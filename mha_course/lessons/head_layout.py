@@ -17,8 +17,8 @@ import torch
 from matplotlib.colors import BoundaryNorm, ListedColormap
 from matplotlib.ticker import MaxNLocator
 
-from . import _validate
-from .heads import split_heads
+from .. import validation
+from ..heads import split_heads
 
 #: aten kernels that show how attention was computed (see :func:`kernels_called`)
 ATTENTION_KERNELS = (
@@ -40,9 +40,9 @@ def wrong_split_heads(x, num_heads: int):
     """The classic bug: ``x.view(B, h, L, d_head)`` with no transpose. Same shape as
     :func:`~mha_course.split_heads`, but head i receives the i-th contiguous slice of memory —
     whole consecutive *tokens* cut into d_head-wide pieces — instead of feature columns."""
-    _validate.tensor("x", x, dims=3)
+    validation.tensor("x", x, dims=3)
     B, L, D = x.shape
-    d_head = _validate.divisible(D, num_heads)
+    d_head = validation.divisible(D, num_heads)
     return x.reshape(B, num_heads, L, d_head)  # (B, h, L, d_head), but the rows are not tokens
 
 
@@ -55,7 +55,7 @@ def source_map(seq_len: int, num_heads: int, d_head: int, *, wrong: bool = False
     head has token p at position p; with ``wrong=True`` (``view(B, h, L, d_head)``) it does not.
     """
     for name, value in (("seq_len", seq_len), ("num_heads", num_heads), ("d_head", d_head)):
-        _validate.positive_int(name, value)
+        validation.positive_int(name, value)
     d_model = num_heads * d_head
     index = torch.arange(seq_len * d_model).view(1, seq_len, d_model)  # element ids in memory order
     heads = (wrong_split_heads if wrong else split_heads)(index, num_heads)[0]  # (h, L, d_head)
@@ -160,10 +160,10 @@ def median_times(
     per round, after ``warmup`` untimed rounds) so that a change in machine load hits all alike.
     ``num_threads`` sets torch's intra-op threads for the measurement (restored afterwards).
     Compare the results as ratios from one run, never as absolute numbers."""
-    _validate.positive_int("repeats", repeats)
+    validation.positive_int("repeats", repeats)
     previous = torch.get_num_threads()
     if num_threads is not None:
-        torch.set_num_threads(_validate.positive_int("num_threads", num_threads))
+        torch.set_num_threads(validation.positive_int("num_threads", num_threads))
     try:
         for _ in range(warmup):
             for fn in fns.values():

@@ -31,7 +31,7 @@ import matplotlib.pyplot as plt
 import torch
 from matplotlib.patches import Rectangle
 
-from .multihead import LoopedMultiHeadAttention
+from ..multihead import LoopedMultiHeadAttention
 
 TOKENS = ("Xiaoming", "handed", "the", "book", "to", "Xiaohong", "because", "she", "wanted", "to", "read", "it")
 FEATURES = (
@@ -196,7 +196,7 @@ def draw_head(head: int = 0, query: int = 7):
         raise ValueError(f"head must be in 0..{NUM_HEADS - 1}, got head={head}")
     if query not in range(len(TOKENS)):
         raise ValueError(f"query must be a token position in 0..{len(TOKENS) - 1}, got query={query}")
-    from .plotting import heatmap
+    from ..kit.plotting import heatmap
 
     weights = attention_by_hand(embeddings(), head_weights())["weights"][head]  # (L, L)
     labels = token_labels()

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..budget import flops_split
-from ._core import Case, Mistake, run_check
+from ..lessons.head_budget import flops_split
+from .framework import Case, Mistake, run_check
 
 __all__ = ["attention_flops_split"]
 

@@ -27,10 +27,10 @@ from collections.abc import Callable
 import matplotlib.pyplot as plt
 import torch
 
-from . import _validate
-from .attention import scaled_dot_product_attention
-from .masks import causal_mask, sliding_window_mask
-from .plotting import heatmap
+from .. import validation
+from ..attention import scaled_dot_product_attention
+from ..kit.plotting import heatmap
+from ..masks import causal_mask, sliding_window_mask
 
 CONVENTIONS: dict[str, str] = {
     "course": "bool, True = may attend (mha_course)",
@@ -72,7 +72,7 @@ def convert(mask: torch.Tensor, src: str, dst: str, *, dtype: torch.dtype = torc
     float type of an ``additive`` result. Equivalent to: course→torch_mha ``~mask``;
     course→additive ``zeros.masked_fill(~mask, -inf)``; course→hf ``mask.long()``.
     """
-    _validate.tensor("mask", mask)
+    validation.tensor("mask", mask)
     if dst not in CONVENTIONS:
         raise ValueError(f"unknown mask convention {dst!r}; choose one of {sorted(CONVENTIONS)}")
     allowed = _to_course(mask, src)
@@ -88,14 +88,14 @@ def convert(mask: torch.Tensor, src: str, dst: str, *, dtype: torch.dtype = torc
 def key_padding_to_course(key_padding_mask: torch.Tensor) -> torch.Tensor:
     """nn.MultiheadAttention's ``key_padding_mask`` (B, Lk), True = padding ->
     the course's (B, 1, 1, Lk), True = real token (what ``mc.padding_mask`` returns)."""
-    _validate.tensor("key_padding_mask", key_padding_mask, dims=2)
+    validation.tensor("key_padding_mask", key_padding_mask, dims=2)
     return convert(key_padding_mask, "torch_mha", "course")[:, None, None, :]  # (B, 1, 1, Lk)
 
 
 def course_to_key_padding(mask: torch.Tensor) -> torch.Tensor:
     """The course's padding mask (B, 1, 1, Lk), True = real -> ``key_padding_mask`` (B, Lk),
     True = padding, as ``nn.MultiheadAttention`` wants it."""
-    _validate.tensor("mask", mask, dims=4)
+    validation.tensor("mask", mask, dims=4)
     if mask.shape[1:3] != (1, 1):
         raise ValueError(f"mask must be a padding mask of shape (B, 1, 1, Lk), got {tuple(mask.shape)}")
     return convert(mask[:, 0, 0, :], "course", "torch_mha")  # (B, Lk)
@@ -120,7 +120,7 @@ def leakage(fn: Callable, x: torch.Tensor, t: int, *, dim: int = 1, noise: float
     t+1 .. L-1 and returns max |fn(x') - fn(x)| over output positions 0 .. t.
     A causal function gives 0 (up to float rounding); anything larger is a leak from the future.
     """
-    _validate.tensor("x", x, floating=True)
+    validation.tensor("x", x, floating=True)
     L = x.shape[dim]
     if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= L - 2:
         raise ValueError(f"t must be an int in [0, L-2] = [0, {L - 2}] so that some position follows it, got {t!r}")
@@ -139,7 +139,7 @@ def dependency_matrix(
     """(L_out, L_in) float: entry [i, j] = max |change of output position i| when only input
     position j of ``x`` is perturbed (as in :func:`leakage`). For a causal function it is lower
     triangular; a nonzero entry above the diagonal is a leak from position j to position i < j."""
-    _validate.tensor("x", x, floating=True)
+    validation.tensor("x", x, floating=True)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     base = _first(fn(x))
     cols = []
@@ -167,9 +167,9 @@ def build_mask(length: int, *, num_pad: int = 0, causal: bool = False, window: i
     causal sliding window (i - window < j <= i, as ``mc.sliding_window_mask``) when ``causal``,
     else the symmetric local window |i - j| < window. ``window=0`` means no window.
     """
-    _validate.positive_int("length", length)
-    _validate.positive_int("num_pad", num_pad, allow_zero=True)
-    _validate.positive_int("window", window, allow_zero=True)
+    validation.positive_int("length", length)
+    validation.positive_int("num_pad", num_pad, allow_zero=True)
+    validation.positive_int("window", window, allow_zero=True)
     if num_pad > length:
         raise ValueError(f"num_pad={num_pad} exceeds length={length}")
     mask = torch.ones(length, length, dtype=torch.bool)

@@ -92,3 +92,21 @@ def attention_inputs(q, k, v, mask=None) -> tuple[int, ...]:
     if mask is not None:
         bool_mask(mask, scores_shape)
     return scores_shape
+
+
+def kv_heads(num_heads: int, num_kv_heads: int | None) -> int:
+    """num_kv_heads (default num_heads: MHA), checked to divide num_heads: each group of
+    num_heads // num_kv_heads query heads shares one key/value head."""
+    positive_int("num_heads", num_heads)
+    h_kv = num_heads if num_kv_heads is None else positive_int("num_kv_heads", num_kv_heads)
+    if num_heads % h_kv:
+        raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={h_kv}")
+    return h_kv
+
+
+def head_shape(d_model: int, num_heads: int, num_kv_heads: int | None, head_dim: int | None) -> tuple[int, int]:
+    """(num_kv_heads, head width) of an attention layer, checked: head_dim defaults to
+    d_model // num_heads (which must divide), num_kv_heads to num_heads."""
+    positive_int("d_model", d_model)
+    h_kv = kv_heads(num_heads, num_kv_heads)
+    return h_kv, divisible(d_model, num_heads) if head_dim is None else positive_int("head_dim", head_dim)

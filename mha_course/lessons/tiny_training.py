@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from .multihead import MultiHeadAttention
-from .tasks import TwoRelationTask
+from ..multihead import MultiHeadAttention
+from .relation_task import TwoRelationTask
 
 #: threads used while training: one thread is deterministic and, for models this small, fastest
 NUM_THREADS = 1

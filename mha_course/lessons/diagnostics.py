@@ -27,9 +27,9 @@ import matplotlib.pyplot as plt
 import torch
 from torch import nn
 
-from . import _validate
-from .mask_tools import dependency_matrix
-from .plotting import heatmap
+from .. import validation
+from ..kit.plotting import heatmap
+from .mask_lab import dependency_matrix
 
 # ---------------------------------------------------------------------------------------------
 # attention weights: entropy and head similarity
@@ -38,7 +38,7 @@ from .plotting import heatmap
 
 def _weights(weights: torch.Tensor) -> torch.Tensor:
     """Validate and return weights as (B, h, Lq, Lk) float64 (a 3-D (h, Lq, Lk) gets B = 1)."""
-    _validate.tensor("weights", weights, dims=(3, 4), floating=True)
+    validation.tensor("weights", weights, dims=(3, 4), floating=True)
     w = weights.detach().double()
     return w[None] if w.dim() == 3 else w
 
@@ -297,7 +297,7 @@ def report(model: nn.Module, x: torch.Tensor, *, causal: bool = False, trained: 
     (uniform) or <= ``ONE_HOT`` (saturated); pairs of heads with similarity >= ``REDUNDANT``;
     the first NaN/inf; leakage > ``LEAK_TOL``.
     """
-    _validate.tensor("x", x, dims=3, floating=True)
+    validation.tensor("x", x, dims=3, floating=True)
     was_training = model.training
     model.eval()
     try:

@@ -36,6 +36,34 @@ def setup(seed: int = 0, *, precision: int = 4) -> None:
         pass
 
 
+def device() -> torch.device:
+    """The best device this machine offers: CUDA if available, else Apple's MPS, else the CPU.
+
+    The notebooks run on the CPU (their stored outputs are CPU outputs); use this where you want
+    your own experiments on an accelerator: ``x = x.to(mc.device())``."""
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+#: environment variable that moves the notebooks' timing sections (04, 06, 09) to another device
+TIMING_DEVICE_VARIABLE = "MHA_COURSE_TIMING_DEVICE"
+
+
+def timing_device() -> torch.device:
+    """Where the notebooks' timing sections run: the CPU unless the environment variable
+    ``MHA_COURSE_TIMING_DEVICE`` names a device ("cuda", "mps", or "auto" for :func:`device`).
+    Only timings move: every other output of the notebooks is the CPU's."""
+    wanted = os.environ.get(TIMING_DEVICE_VARIABLE, "cpu").strip().lower() or "cpu"
+    chosen = device() if wanted == "auto" else torch.device(wanted)
+    if chosen.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{TIMING_DEVICE_VARIABLE}={wanted!r}, but torch sees no CUDA device here")
+    return chosen
+
+
 def environment_report() -> dict[str, str]:
     """Versions and hardware that decide whether and how fast the course runs here."""
     import importlib.metadata as md

@@ -1,8 +1,8 @@
 """Maintenance of the course notebooks: Colab badges and setup cells, deterministic execution.
 
-    python -m mha_course sync [NOTEBOOK ...]      write badges and setup cells (and README's course map)
-    python -m mha_course execute [NOTEBOOK ...]   re-execute in place, as the tests run them
-    python -m mha_course student-edition OUT_DIR  the student edition (see mha_course/student_edition.py)
+    python -m authoring sync [NOTEBOOK ...]      write badges and setup cells (and README's course map)
+    python -m authoring execute [NOTEBOOK ...]   re-execute in place, as the tests run them
+    python -m authoring student-edition OUT_DIR  the student edition (see authoring/student_edition.py)
 
 The repository the Colab links point to is read from one place: ``[project.urls] Repository``
 in ``pyproject.toml``.
@@ -136,7 +136,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _replace_block(text: str, name: str, body: str) -> str:
+def replace_block(text: str, name: str, body: str) -> str:
     start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
     if start not in text or end not in text:
         raise ValueError(f"README.md lacks the markers {start} … {end}")
@@ -147,16 +147,16 @@ def _replace_block(text: str, name: str, body: str) -> str:
 
 def readme_text() -> str:
     """README.md with its generated blocks (course map, glossary) brought up to date."""
-    from . import course
+    from mha_course.kit.course_map import course_map_markdown, glossary_markdown
 
     owner, repo = repository()
     existing = {p.stem for p in numbered_notebooks()}
     student = {p.stem for p in (NOTEBOOKS / "student").glob("[0-9][0-9]_*.ipynb")}  # the student edition
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     base = f"https://colab.research.google.com/github/{owner}/{repo}/blob/main/"
-    course_map = course.course_map_markdown(colab_base=base, existing=existing, student=student)
-    text = _replace_block(text, "course-map", course_map)
-    return _replace_block(text, "glossary", course.glossary_markdown())
+    course_map = course_map_markdown(colab_base=base, existing=existing, student=student, folder="notebooks/")
+    text = replace_block(text, "course-map", course_map)
+    return replace_block(text, "glossary", glossary_markdown())
 
 
 def sync_readme() -> bool:

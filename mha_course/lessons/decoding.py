@@ -12,10 +12,10 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import torch
 
-from . import _validate
-from .accounting import kv_cache_bytes
-from .configs import MODEL_CONFIGS
-from .gqa import GroupedQueryAttention, KVCache, repeat_kv
+from .. import validation
+from ..accounting import kv_cache_bytes
+from ..configs import MODEL_CONFIGS
+from ..gqa import GroupedQueryAttention, KVCache, repeat_kv
 
 GIB = 2**30  # bytes in a GiB
 
@@ -37,10 +37,8 @@ def kv_head_for_query(num_heads: int, num_kv_heads: int) -> list[int]:
 
 
 def _check_heads(num_heads, num_kv_heads) -> None:
-    _validate.positive_int("num_heads", num_heads)
-    _validate.positive_int("num_kv_heads", num_kv_heads)
-    if num_heads % num_kv_heads:
-        raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+    validation.positive_int("num_kv_heads", num_kv_heads)
+    validation.kv_heads(num_heads, num_kv_heads)
 
 
 def _group_colour(g: int, num_groups: int):
@@ -95,7 +93,7 @@ def draw_cache_explorer(
     the chosen one highlighted. Returns the Figure."""
     cfg = MODEL_CONFIGS[model]
     _check_heads(cfg.num_heads, num_kv_heads)
-    _validate.positive_int("context_len", context_len)
+    validation.positive_int("context_len", context_len)
     options = [k for k in range(1, cfg.num_heads + 1) if cfg.num_heads % k == 0]
     gib = [
         kv_cache_bytes(cfg.num_layers, k, cfg.head_dim, context_len, bytes_per_element=bytes_per_element) / GIB
@@ -132,9 +130,9 @@ def decode(layer: GroupedQueryAttention, x, *, prompt_len: int = 1, use_cache: b
     """
     if not isinstance(layer, GroupedQueryAttention):
         raise TypeError(f"layer must be a GroupedQueryAttention, got {type(layer).__name__}")
-    _validate.tensor("x", x, dims=3, floating=True)
+    validation.tensor("x", x, dims=3, floating=True)
     L = x.shape[1]
-    _validate.positive_int("prompt_len", prompt_len)
+    validation.positive_int("prompt_len", prompt_len)
     if prompt_len > L:
         raise ValueError(f"prompt_len={prompt_len} is longer than the sequence, x has L={L}")
     cache = KVCache() if use_cache else None
@@ -155,7 +153,7 @@ def decode_step(layer: GroupedQueryAttention, new, cache: KVCache):
     unchanged, so every call does the same work. The function returns out (B, 1, d_model)."""
     if not isinstance(layer, GroupedQueryAttention):
         raise TypeError(f"layer must be a GroupedQueryAttention, got {type(layer).__name__}")
-    _validate.tensor("new", new, dims=3, floating=True)
+    validation.tensor("new", new, dims=3, floating=True)
     if not isinstance(cache, KVCache) or cache.length == 0:
         raise ValueError("cache must be a KVCache that already holds some positions")
     keys, values = cache.keys, cache.values  # (B, h_kv, T, head_dim)

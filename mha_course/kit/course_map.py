@@ -125,23 +125,28 @@ def notation_markdown() -> str:
 
 
 def course_map_markdown(
-    *, colab_base: str | None = None, existing: set[str] | None = None, student: set[str] | None = None
+    *,
+    colab_base: str | None = None,
+    existing: set[str] | None = None,
+    student: set[str] | None = None,
+    folder: str = "",
 ) -> str:
     """The course map as a Markdown table; with ``colab_base`` (…/blob/main/) a Colab link per row;
     with ``student`` (the stems that have a student edition in notebooks/student/) a column with
-    the student edition's links."""
+    the student edition's links. ``folder`` is the way from where the table is shown to the
+    notebooks: "" in a notebook, "notebooks/" in README.md."""
     badge = "[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
     rows = []
     for stem, title, line in NOTEBOOKS:
         if existing is not None and stem not in existing:
             continue
-        link = f"[{stem}](notebooks/{stem}.ipynb)"
+        link = f"[{stem}]({folder}{stem}.ipynb)"
         colab = f" {badge}({colab_base}notebooks/{stem}.ipynb)" if colab_base else ""
         row = (stem[:2], f"**{title}**", line, link + colab)
         if student:
             if stem in student:
                 colab = f" {badge}({colab_base}notebooks/student/{stem}.ipynb)" if colab_base else ""
-                row += (f"[student](notebooks/student/{stem}.ipynb){colab}",)
+                row += (f"[student]({folder}student/{stem}.ipynb){colab}",)
             else:
                 row += ("—",)
         rows.append(row)

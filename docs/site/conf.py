@@ -1,0 +1,54 @@
+"""Sphinx configuration of the course website (built by ``python -m authoring.site``).
+
+The source folder Sphinx reads is a staging copy that authoring/site.py writes (the README as the
+landing page, the notebooks with their stored outputs, the glossary and the instructor guide);
+this folder holds only the configuration and the site's stylesheet.
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+
+from authoring.site import repository_url  # noqa: E402
+
+REPOSITORY = repository_url()
+
+project = "Multi-head attention, from one head to GQA"
+author = "the mha-course authors"
+copyright = "the mha-course authors, MIT licence"
+
+extensions = [
+    "myst_nb",  # Markdown and notebooks (MyST); renders the stored outputs
+    "sphinx.ext.mathjax",
+    "sphinx-mathjax-offline",  # MathJax 3 shipped inside the site: math renders with no internet
+]
+
+# the notebooks are committed executed: render what they store, never run them
+nb_execution_mode = "off"
+# widget outputs are replaced by a note before the build (site.py), so no widget JavaScript
+# (which MyST-NB would load from a CDN) is needed
+nb_ipywidgets_js = {}
+nb_merge_streams = True
+nb_render_markdown_format = "myst"  # Markdown that cells display (the course map in 00) links like the text
+
+myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence"]
+myst_heading_anchors = 4  # `[...](#a-heading)` links, as on GitHub
+
+exclude_patterns = ["notebooks/student/**"]  # the student edition is offered as downloads
+suppress_warnings = ["myst.header"]  # notebooks may skip a heading level (e.g. quiz headings)
+
+html_theme = "sphinx_book_theme"
+html_title = "Multi-head attention"
+html_static_path = ["_static"]
+html_css_files = ["course.css"]
+html_copy_source = True  # the theme's download button offers each page's .ipynb / .md
+html_theme_options = {
+    "repository_url": REPOSITORY,
+    "use_repository_button": True,
+    "use_download_button": True,
+    "use_fullscreen_button": False,
+    "show_toc_level": 2,
+    "home_page_in_toc": True,
+}
+html_context = {"default_mode": "light"}  # the figures have white backgrounds (and an unset mode logs an error)

@@ -1,0 +1,103 @@
+"""Predict, then run: a question asked before an experiment whose output answers it.
+
+The questions of notebook NN live in ``mha_course/kit/predictions/NN.json``::
+
+    {"blur": {"question": "...", "options": ["...", "..."]},        # pick one
+     "cache": {"question": "...", "unit": "GiB"}}                   # a number
+
+``predict("01", "blur")`` shows the question as Markdown (what GitHub, nbviewer and a printed page
+show) and, in a live kernel, a widget that records the learner's prediction. It never shows the
+answer: the next cell's output does, and a learner compares it with what they recorded
+(``recorded()`` holds the predictions of this session).
+"""
+
+from __future__ import annotations
+
+from . import course_data
+
+_recorded: dict[tuple[str, str], object] = {}
+
+
+def load(notebook: str) -> dict:
+    """The prediction questions of notebook ``notebook`` ("01"), validated."""
+    return course_data.read("predictions", notebook, validate)
+
+
+def validate(questions: dict) -> list[str]:
+    """Problems with a predictions file (empty when it is fine)."""
+    problems = []
+    for key, q in questions.items():
+        if not isinstance(q, dict) or not q.get("question"):
+            problems.append(f"{key}: needs a 'question'")
+            continue
+        options, unit = q.get("options"), q.get("unit")
+        if (options is None) == (unit is None):
+            problems.append(f"{key}: needs either 'options' (multiple choice) or 'unit' (a number), not both")
+        elif options is not None and (len(options) < 2 or not all(isinstance(o, str) and o for o in options)):
+            problems.append(f"{key}: needs at least 2 non-empty options")
+    return problems
+
+
+def static_markdown(question: dict) -> str:
+    """The question as Markdown, with its options (or the unit of the number to predict)."""
+    lines = [f"**Predict, then run.** {question['question']}", ""]
+    if question.get("options"):
+        lines += [f"- **{chr(97 + j)})** {o}" for j, o in enumerate(question["options"])]
+    else:
+        lines += [f"Write down a number (in {question['unit']}) before you run the next cell."]
+    lines += ["", "*Decide first; the next cell's output settles it.*"]
+    return "\n".join(lines)
+
+
+def record(notebook: str, key: str, value) -> str:
+    """Remember a prediction and return the line the widget shows."""
+    _recorded[(notebook, key)] = value
+    return f"Recorded: {value}. Now run the next cell and compare."
+
+
+def recorded() -> dict[tuple[str, str], object]:
+    """(notebook, key) -> the prediction recorded in this session."""
+    return dict(_recorded)
+
+
+def widget(notebook: str, key: str, question: dict):
+    """Controls that record a prediction (the API common to ipywidgets 7 and 8)."""
+    import ipywidgets as W
+
+    if question.get("options"):
+        choice = W.RadioButtons(
+            options=[(f"{chr(97 + j)}) {o}", j) for j, o in enumerate(question["options"])],
+            value=None,
+            layout=W.Layout(width="auto"),
+        )
+    else:
+        choice = W.FloatText(value=0.0, description=question["unit"], layout=W.Layout(width="auto"))
+    note = W.HTML("")
+    button = W.Button(description="Record my prediction", layout=W.Layout(width="auto"))
+
+    def on_click(_):
+        value = choice.value
+        if question.get("options"):
+            if value is None:
+                note.value = "Pick an option first."
+                return
+            value = f"{chr(97 + value)}) {question['options'][value]}"
+        else:
+            value = f"{value:g} {question['unit']}"
+        note.value = record(notebook, key, value)
+
+    button.on_click(on_click)
+    box = W.VBox([choice, W.HBox([button, note])])
+    box.record = on_click  # lets a test press the button
+    return box
+
+
+def predict(notebook: str, key: str) -> None:
+    """Show prediction ``key`` of notebook ``notebook``: the question (Markdown), then the controls."""
+    from IPython.display import Markdown, display
+
+    questions = load(notebook)
+    if key not in questions:
+        raise ValueError(f"no prediction {key!r} for notebook {notebook} (have {sorted(questions)})")
+    display(Markdown(static_markdown(questions[key])))
+    display(widget(notebook.split("_")[0], key, questions[key]))

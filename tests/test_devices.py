@@ -1,0 +1,117 @@
+"""The package computes wherever its inputs are: on the meta device (shapes only, no values), on
+the CPU, and on every accelerator this machine has (those tests skip, saying so, when there is none).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mha_course as mc
+from mha_course import device_check, tiled
+from mha_course.block import Encoder
+
+ACCELERATORS = [
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")),
+    pytest.param(
+        "mps",
+        marks=pytest.mark.skipif(
+            not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()),
+            reason="no Apple MPS device here",
+        ),
+    ),
+]
+
+
+def run_public_api(device: str, dtype=torch.float32) -> dict[str, torch.Tensor]:
+    """Every public module and function once, with inputs made on ``device``; returns the results."""
+    B, L, d, h = 2, 6, 16, 4
+
+    def randn(*shape):
+        return torch.randn(*shape, dtype=dtype, device=device)
+
+    out = {}
+    q, k, v = randn(B, h, L, d // h), randn(B, h, L, d // h), randn(B, h, L, d // h)
+    causal = mc.causal_mask(L, device=device)
+    out["sdpa"], out["weights"] = mc.scaled_dot_product_attention(q, k, v, causal)
+    out["tiled"] = tiled.tiled_attention(q, k, v, causal, block_size=4)
+    out["window"] = mc.sliding_window_mask(L, 3, device=device)
+    x = randn(B, L, d)
+    out["split"] = mc.merge_heads(mc.split_heads(x, h))
+    pad = mc.padding_mask(torch.tensor([L, 3], device=device), L)
+    with torch.device(device):
+        mha, looped = mc.MultiHeadAttention(d, h), mc.LoopedMultiHeadAttention(d, h)
+        gqa, enc = mc.GroupedQueryAttention(d, h, 2), Encoder(2, d, h, 2 * d)
+    for m in (mha, looped, gqa, enc):
+        m.to(dtype)
+    out["mha"], out["mha_w"] = mha(x, mask=pad)
+    out["mha_sdpa"], _ = mha(x, mask=pad, need_weights=False)
+    out["looped"], _ = looped(x, mask=causal)
+    out["gqa"], _ = gqa(x, is_causal=True)
+    cache = mc.KVCache()
+    out["gqa_step"], _ = gqa(x[:, :1], cache=cache, is_causal=True)
+    out["repeat"] = mc.repeat_kv(k, 2)
+    out["encoder"] = enc(x, mask=pad)
+    return out
+
+
+def test_the_whole_public_api_runs_on_the_meta_device():
+    results = run_public_api("meta")
+    wrong = {name: t.device.type for name, t in results.items() if t.device.type != "meta"}
+    assert not wrong, f"created on another device inside the package: {wrong}"
+    assert results["mha"].shape == (2, 6, 16) and results["mha_w"].shape == (2, 4, 6, 6)
+
+
+def test_the_whole_public_api_runs_on_the_cpu_in_float64():
+    results = run_public_api("cpu", torch.float64)
+    assert all(t.device.type == "cpu" for t in results.values())
+    assert all(t.dtype in (torch.float64, torch.bool) for t in results.values())
+
+
+@pytest.mark.parametrize("device", ACCELERATORS)
+def test_the_whole_public_api_runs_on_an_accelerator_and_matches_pytorch(device):
+    results = run_public_api(device)
+    assert all(t.device.type == device for t in results.values())
+    lines, ok = device_check.report(device)
+    assert ok, "\n".join(lines)
+
+
+def test_device_check_reports_each_comparison_and_passes_here(capsys):
+    assert device_check.main(["--device", "cpu"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("device: cpu") and "no accelerator" in lines[1]
+    assert sum(line.startswith("✅") for line in lines) == 6 * len(device_check.dtypes_for(torch.device("cpu")))
+
+
+def test_device_check_fails_when_a_result_is_off(monkeypatch):
+    honest = device_check.comparisons
+
+    def broken(device, dtype, *, seed=0):
+        for name, got, expected in honest(device, dtype, seed=seed):
+            yield name, got + 1e-2, expected
+
+    monkeypatch.setattr(device_check, "comparisons", broken)
+    lines, ok = device_check.report("cpu")
+    assert not ok and any(line.startswith("❌") for line in lines)
+
+
+def test_mc_device_is_the_best_available():
+    expected = "cuda" if torch.cuda.is_available() else None
+    assert isinstance(mc.device(), torch.device)
+    if expected:
+        assert mc.device().type == expected
+    elif not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        assert mc.device().type == "cpu"
+
+
+def test_timing_device_is_the_cpu_unless_asked(monkeypatch):
+    from mha_course.kit import setup
+
+    monkeypatch.delenv(setup.TIMING_DEVICE_VARIABLE, raising=False)
+    assert setup.timing_device() == torch.device("cpu")
+    monkeypatch.setenv(setup.TIMING_DEVICE_VARIABLE, "auto")
+    assert setup.timing_device() == mc.device()
+    if not torch.cuda.is_available():
+        monkeypatch.setenv(setup.TIMING_DEVICE_VARIABLE, "cuda")
+        with pytest.raises(ValueError, match="no CUDA device"):
+            setup.timing_device()

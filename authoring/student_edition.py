@@ -306,30 +306,15 @@ def stale(out_dir: Path) -> list[str]:
 
 
 def checker_diagnoses(name: str) -> list[str]:
-    """The mistakes ``mc.check.<name>`` can name (the diagnoses of the :class:`Mistake` list it
-    hands to ``run_check``), in its order; [] for a checker that does not use ``run_check``."""
+    """The mistakes ``mc.check.<name>`` can name: the diagnoses of its module's
+    ``<NAME>_MISTAKES`` list, in order; [] for a hand-written checker without one."""
     import importlib
-    import inspect
 
     from mha_course import check
-    from mha_course.check import framework as _core
 
     module = importlib.import_module(check.CHECKERS[name].__module__)
-    if getattr(module, "run_check", None) is not _core.run_check:
-        return []
-    signature = inspect.signature(_core.run_check)
-    seen: list = []
-
-    def capture(*args, **kwargs):
-        seen.extend(signature.bind(*args, **kwargs).arguments.get("mistakes", ()))
-        return _core.CheckResult(False, "captured", status="not attempted")
-
-    module.run_check = capture
-    try:
-        getattr(check, name)(lambda *a, **k: None)
-    finally:
-        module.run_check = _core.run_check
-    return list(dict.fromkeys(m.diagnosis for m in seen))
+    mistakes = getattr(module, f"{name.upper()}_MISTAKES", [])
+    return list(dict.fromkeys(m.diagnosis for m in mistakes))
 
 
 def guide_reference_markdown(found: list[Exercise] | None = None) -> str:

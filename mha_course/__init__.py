@@ -10,12 +10,20 @@ The package has three layers, one folder each (``ls`` shows them):
     attention   scaled_dot_product_attention(q, k, v, mask=None, *, scale=None) -> (out, weights)
     heads       split_heads(x, num_heads): (B, L, h*d_head) -> (B, h, L, d_head); merge_heads(x)
     multihead   LoopedMultiHeadAttention, MultiHeadAttention (.from_torch, .to_torch, .to_fused)
+    fast        FastMultiHeadAttention: the same function, tuned for speed (notebook 09)
     masks       causal_mask, sliding_window_mask, padding_mask
-    gqa         repeat_kv, GroupedQueryAttention, KVCache
+    gqa         repeat_kv, GroupedQueryAttention
+    kv_cache    KVCache (growing, or preallocated with max_length), write_kv
     tiled       tiled_attention, online_softmax_update (the FlashAttention idea)
     block       EncoderBlock, Encoder
+    latent      MultiHeadLatentAttention (DeepSeek's MLA), LatentCache, mla_cache_bytes
+    cache_schemes  sink_window_mask, SinkWindowCache (rolling window + attention sinks),
+                PagedKVCache (blocks and a block table), Int8KVCache
     accounting  count_attention_params, attention_flops, kv_cache_bytes
-    configs     MODEL_CONFIGS (name -> ModelConfig)
+    configs     MODEL_CONFIGS (name -> ModelConfig; position scheme and RoPE base per model)
+    positions   apply_rope(x, positions, *, theta, layout), RotaryEmbedding, alibi_bias,
+                sinusoidal_positions; both RoPE layouts and the W_Q/W_K permutation between them
+    decoder     RMSNorm, SwiGLU, LlamaDecoder(DecoderConfig) (.from_hf), generate_greedy
     validation  the argument checks every public function runs first
 * ``kit/`` — what every notebook uses: setup, plotting, widgets, quiz, verify, hint (the exercises'
   hint ladders), predict ("predict, then run"); plotting, widgets, quiz and verify load on first
@@ -28,14 +36,19 @@ import importlib
 
 from .accounting import attention_flops, count_attention_params, kv_cache_bytes
 from .attention import scaled_dot_product_attention
+from .cache_schemes import Int8KVCache, PagedKVCache, SinkWindowCache, sink_window_mask
 from .configs import MODEL_CONFIGS, ModelConfig
-from .gqa import GroupedQueryAttention, KVCache, repeat_kv
+from .decoder import DecoderConfig, LlamaDecoder, RMSNorm, SwiGLU, generate_greedy
+from .gqa import GroupedQueryAttention, repeat_kv
 from .heads import merge_heads, split_heads
 from .kit.hint_ladder import hint
 from .kit.predict import predict
 from .kit.setup import device, environment_report, setup
+from .kv_cache import KVCache
+from .latent import LatentCache, MultiHeadLatentAttention, mla_cache_bytes
 from .masks import causal_mask, padding_mask, sliding_window_mask
 from .multihead import LoopedMultiHeadAttention, MultiHeadAttention
+from .positions import RotaryEmbedding, alibi_bias, apply_rope, sinusoidal_positions
 
 __version__ = "0.1.0"
 
@@ -74,9 +87,25 @@ __all__ = [
     "repeat_kv",
     "GroupedQueryAttention",
     "KVCache",
+    "MultiHeadLatentAttention",
+    "LatentCache",
+    "mla_cache_bytes",
+    "sink_window_mask",
+    "SinkWindowCache",
+    "PagedKVCache",
+    "Int8KVCache",
     "count_attention_params",
     "attention_flops",
     "kv_cache_bytes",
+    "apply_rope",
+    "RotaryEmbedding",
+    "alibi_bias",
+    "sinusoidal_positions",
+    "RMSNorm",
+    "SwiGLU",
+    "DecoderConfig",
+    "LlamaDecoder",
+    "generate_greedy",
     "MODEL_CONFIGS",
     "ModelConfig",
     "setup",

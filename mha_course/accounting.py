@@ -54,3 +54,8 @@ def kv_cache_bytes(num_layers, num_kv_heads, head_dim, seq_len, *, batch=1, byte
     ):
         validation.positive_int(name, value, allow_zero=name == "seq_len")
     return 2 * num_layers * num_kv_heads * head_dim * seq_len * batch * bytes_per_element
+
+
+def tensor_bytes(*tensors) -> int:
+    """Bytes the given tensors hold (None counts 0): what a cache really stores, measured."""
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)

@@ -27,24 +27,27 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None):
     only the output) on rows that have at least one allowed key.
     """
     validation.attention_inputs(q, k, v, mask)  # shapes, dtypes and the mask, or a clear error
+    weights = attention_weights(q, k, mask, scale=scale)  # (..., Lq, Lk)
+    return weights @ v, weights  # (..., Lq, d_v), (..., Lq, Lk)
+
+
+def attention_weights(q, k, mask=None, *, scale=None):
+    """softmax(Q Kᵀ · scale) with the mask applied: the weights of
+    :func:`scaled_dot_product_attention`, for inputs that were already checked (this function
+    checks nothing: callers validate once, at their public boundary).
+
+    q (..., Lq, d_k), k (..., Lk, d_k), mask bool broadcastable to (..., Lq, Lk), True = may
+    attend. Returns (..., Lq, Lk); a row with no allowed key is all 0.
+    """
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-
-    # (..., Lq, Lk); the scale is folded into q (Lq·d_k mults, not Lq·Lk), skipped when it is 1
-    scores = (q if scale == 1.0 else q * scale) @ k.transpose(-2, -1)
-    # The L×L buffer dominates the cost: fill and normalise it in place where that is safe.
+    q = q * scale  # (..., Lq, d_k): scaling q is scaling every score, with Lq·d_k multiplications
+    scores = q @ k.transpose(-2, -1)  # (..., Lq, d_k) @ (..., d_k, Lk) -> (..., Lq, Lk)
     if mask is not None:
-        if torch.broadcast_shapes(mask.shape, scores.shape) == scores.shape:
-            scores.masked_fill_(~mask, float("-inf"))  # a fresh tensor; matmul's backward never needs it
-        else:  # v's batch dims (and the mask's) are wider than q's and k's
-            scores = scores.masked_fill(~mask, float("-inf"))
-    if scores.requires_grad:
-        weights = torch.softmax(scores, dim=-1)  # (..., Lq, Lk)
-    else:  # no autograd: overwrite the scores rather than allocate a second L×L tensor
-        weights = torch.softmax(scores, dim=-1, out=scores)
+        scores = scores.masked_fill(~mask, float("-inf"))  # (..., Lq, Lk): a blocked key gets e^-inf = 0
+    weights = torch.softmax(scores, dim=-1)  # (..., Lq, Lk), each row sums to 1
     if mask is not None:
         # a row with no allowed key is softmax(-inf, ..., -inf) = NaN: define it as "attend to nothing"
-        dead = ~mask.any(dim=-1, keepdim=True)
-        if dead.is_meta or dead.any():  # (a meta tensor has no values to test)
-            weights = weights.masked_fill(dead, 0.0)
-    return weights @ v, weights  # (..., Lq, d_v), (..., Lq, Lk)
+        attends_to_nothing = ~mask.any(dim=-1, keepdim=True)  # (..., Lq, 1)
+        weights = weights.masked_fill(attends_to_nothing, 0.0)  # (..., Lq, Lk)
+    return weights

@@ -1,8 +1,12 @@
-"""Attention configurations of real models, as published (source recorded per model)."""
+"""Attention configurations of real models, as published: the numbers and their sources live in
+``model_configs.json`` beside this file; :class:`ModelConfig` gives them names and the counts
+that follow from them."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from importlib import resources
 
 from .accounting import count_attention_params, kv_cache_bytes
 
@@ -14,6 +18,9 @@ class ModelConfig:
     ``num_layers`` are transformer layers; ``attention_modules`` counts attention layers in the
     whole model (for encoder–decoder models: encoder self + decoder self + decoder cross).
     ``attention_bias``: True (all four projections), False, or "qkv" (Q/K/V only).
+    ``position_scheme``: how the model knows where a token stands — "sinusoidal", "learned"
+    (absolute, added to the input), "rope" (rotary, with base ``rope_theta``) or None (not recorded);
+    ``position_source`` says where that comes from.
     """
 
     name: str
@@ -25,6 +32,11 @@ class ModelConfig:
     attention_bias: bool | str
     source: str
     attention_modules: int | None = None
+    kv_lora_rank: int | None = None  # multi-head latent attention (MLA): latent cached per token
+    qk_rope_head_dim: int | None = None  # MLA: width of the decoupled RoPE key shared by all heads
+    position_scheme: str | None = None
+    rope_theta: float | None = None
+    position_source: str = ""
 
     @property
     def n_attention_modules(self) -> int:
@@ -33,6 +45,8 @@ class ModelConfig:
     @property
     def params_per_layer(self) -> int:
         """Parameters of one attention layer (see :func:`count_attention_params`)."""
+        if self.kv_lora_rank is not None:
+            raise ValueError(f"{self.name} uses latent attention: count_attention_params does not apply")
         return count_attention_params(
             self.d_model, self.num_heads, self.num_kv_heads, head_dim=self.head_dim, bias=self.attention_bias
         )
@@ -43,106 +57,36 @@ class ModelConfig:
         return self.params_per_layer * self.n_attention_modules
 
     def kv_cache_bytes(self, seq_len: int, *, batch: int = 1, bytes_per_element: int = 2) -> int:
-        """KV-cache bytes for ``seq_len`` tokens (decoder self-attention layers)."""
+        """KV-cache bytes for ``seq_len`` tokens (decoder self-attention layers); for MLA the
+        latent and the RoPE key (:func:`mha_course.latent.mla_cache_bytes`)."""
+        if self.kv_lora_rank is not None:
+            from .latent import mla_cache_bytes
+
+            return mla_cache_bytes(
+                self.num_layers,
+                self.kv_lora_rank,
+                self.qk_rope_head_dim,
+                seq_len,
+                batch=batch,
+                bytes_per_element=bytes_per_element,
+            )
         return kv_cache_bytes(
             self.num_layers, self.num_kv_heads, self.head_dim, seq_len, batch=batch, bytes_per_element=bytes_per_element
         )
 
 
-_VASWANI = "Vaswani et al. 2017, 'Attention Is All You Need', Table 3 (N=6 encoder + 6 decoder layers)"
-_BERT = "Devlin et al. 2019, 'BERT', §3 (L layers, H hidden, A heads)"
-_GPT2 = "Radford et al. 2019, GPT-2 paper Table 2; Hugging Face config.json (n_layer, n_embd, n_head)"
+def _load(table: str) -> dict[str, ModelConfig]:
+    """name -> ModelConfig for one table of ``model_configs.json`` (the published numbers, each with
+    its source: data, not code)."""
+    rows = json.loads(resources.files("mha_course").joinpath("model_configs.json").read_text(encoding="utf-8"))
+    return {row["name"]: ModelConfig(**row) for row in rows[table]}
 
-MODEL_CONFIGS: dict[str, ModelConfig] = {
-    c.name: c
-    for c in [
-        ModelConfig("Transformer base", 6, 512, 8, 8, 64, True, _VASWANI, attention_modules=18),
-        ModelConfig("Transformer big", 6, 1024, 16, 16, 64, True, _VASWANI, attention_modules=18),
-        ModelConfig("BERT base", 12, 768, 12, 12, 64, True, _BERT),
-        ModelConfig("BERT large", 24, 1024, 16, 16, 64, True, _BERT),
-        ModelConfig("GPT-2 small", 12, 768, 12, 12, 64, True, _GPT2),
-        ModelConfig("GPT-2 medium", 24, 1024, 16, 16, 64, True, _GPT2),
-        ModelConfig("GPT-2 large", 36, 1280, 20, 20, 64, True, _GPT2),
-        ModelConfig("GPT-2 XL", 48, 1600, 25, 25, 64, True, _GPT2),
-        ModelConfig(
-            "GPT-3 175B",
-            96,
-            12288,
-            96,
-            96,
-            128,
-            True,
-            "Brown et al. 2020, 'Language Models are Few-Shot Learners', Table 2.1",
-        ),
-        ModelConfig(
-            "Llama 2 7B",
-            32,
-            4096,
-            32,
-            32,
-            128,
-            False,
-            "Touvron et al. 2023, 'Llama 2', Table 1; meta-llama/Llama-2-7b-hf config.json",
-        ),
-        ModelConfig(
-            "Llama 2 70B",
-            80,
-            8192,
-            64,
-            8,
-            128,
-            False,
-            "Touvron et al. 2023, 'Llama 2' (GQA for 34B/70B); meta-llama/Llama-2-70b-hf config.json",
-        ),
-        ModelConfig(
-            "Llama 3 8B",
-            32,
-            4096,
-            32,
-            8,
-            128,
-            False,
-            "Meta 2024, Llama 3 model card / 'The Llama 3 Herd of Models' Table 3; config.json",
-        ),
-        ModelConfig(
-            "Llama 3 70B",
-            80,
-            8192,
-            64,
-            8,
-            128,
-            False,
-            "Meta 2024, 'The Llama 3 Herd of Models' Table 3; meta-llama/Meta-Llama-3-70B config.json",
-        ),
-        ModelConfig(
-            "Mistral 7B",
-            32,
-            4096,
-            32,
-            8,
-            128,
-            False,
-            "Jiang et al. 2023, 'Mistral 7B', Table 1; mistralai/Mistral-7B-v0.1 config.json",
-        ),
-        ModelConfig(
-            "Qwen2.5-7B",
-            28,
-            3584,
-            28,
-            4,
-            128,
-            "qkv",
-            "Qwen team 2024, Qwen2.5 technical report; Qwen/Qwen2.5-7B config.json (QKV bias, no O bias)",
-        ),
-        ModelConfig(
-            "Gemma 2 9B",
-            42,
-            3584,
-            16,
-            8,
-            256,
-            False,
-            "Gemma Team 2024, 'Gemma 2', Table 1; google/gemma-2-9b config.json (head_dim 256)",
-        ),
-    ]
-}
+
+#: The models of notebook 03's table (and the KV-cache tables of 06 and 12), as published.
+MODEL_CONFIGS: dict[str, ModelConfig] = _load("models")
+
+#: Models with multi-head latent attention (MLA). num_kv_heads = num_heads and head_dim =
+#: qk_nope_head_dim = v_head_dim as in their config.json; the cache holds kv_lora_rank +
+#: qk_rope_head_dim numbers per token and layer. Kept apart from MODEL_CONFIGS, whose
+#: parameter counts assume separate W_K and W_V.
+LATENT_MODEL_CONFIGS: dict[str, ModelConfig] = _load("latent_models")

@@ -18,8 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from .attention import scaled_dot_product_attention
-from .gqa import GroupedQueryAttention, KVCache, repeat_kv
+from .gqa import GroupedQueryAttention, repeat_kv
 from .kit.setup import device as best_device
+from .kv_cache import KVCache
 from .masks import causal_mask, padding_mask
 from .multihead import MultiHeadAttention
 

@@ -1,4 +1,4 @@
-"""Grouped-query attention (GQA) and the KV cache.
+"""Grouped-query attention (GQA); its KV cache is :class:`~mha_course.kv_cache.KVCache`.
 
 num_kv_heads == num_heads is ordinary multi-head attention (MHA); num_kv_heads == 1 is
 multi-query attention (MQA); anything in between shares each K/V head among a group of
@@ -14,6 +14,7 @@ from torch import nn
 from . import validation
 from .attention import scaled_dot_product_attention
 from .heads import merge_heads
+from .kv_cache import KVCache
 from .masks import causal_mask
 from .multihead import MultiHeadAttention
 
@@ -33,59 +34,6 @@ def repeat_kv(x, n_rep: int):
     return x[:, :, None].expand(B, h_kv, n_rep, L, d).reshape(B, h_kv * n_rep, L, d)  # (B, h, L, d)
 
 
-class KVCache:
-    """The keys and values of every position seen so far, for one attention layer.
-
-    ``update(k, v)`` appends the new positions' (B, h_kv, L_new, d_head) keys/values along the
-    length dim and returns the whole (B, h_kv, L, d_head) K and V. Inspect ``length``, ``nbytes``
-    (bytes held by K and V together), ``keys`` and ``values``.
-    """
-
-    def __init__(self):
-        self.keys: torch.Tensor | None = None
-        self.values: torch.Tensor | None = None
-
-    def update(self, k, v):
-        validation.tensor("k", k, dims=4)
-        validation.tensor("v", v, dims=4)
-        if k.shape[:3] != v.shape[:3]:
-            raise ValueError(f"k and v must share (B, h_kv, L_new), got {tuple(k.shape)} and {tuple(v.shape)}")
-        if self.keys is not None:
-            for name, new, cached in (("k", k, self.keys), ("v", v, self.values)):
-                if new.shape[:2] != cached.shape[:2] or new.shape[3] != cached.shape[3]:
-                    raise ValueError(
-                        f"new {name} {tuple(new.shape)} does not match the cached (B, h_kv, L, d_head) "
-                        f"{tuple(cached.shape)}"
-                    )
-                if new.dtype != cached.dtype or new.device != cached.device:
-                    raise TypeError(
-                        f"new {name} is {new.dtype} on {new.device}, but the cache holds {cached.dtype} "
-                        f"on {cached.device}"
-                    )
-        self.keys = k if self.keys is None else torch.cat([self.keys, k], dim=2)  # (B, h_kv, L, d_head)
-        self.values = v if self.values is None else torch.cat([self.values, v], dim=2)
-        return self.keys, self.values
-
-    @property
-    def length(self) -> int:
-        """Number of cached positions."""
-        return 0 if self.keys is None else self.keys.shape[2]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held by the cached keys and values together."""
-        if self.keys is None:
-            return 0
-        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
-
-    def reset(self) -> None:
-        self.keys = self.values = None
-
-    def __repr__(self) -> str:
-        shape = None if self.keys is None else tuple(self.keys.shape)
-        return f"KVCache(length={self.length}, keys/values shape={shape}, nbytes={self.nbytes})"
-
-
 class GroupedQueryAttention(nn.Module):
     """Self-attention with ``num_heads`` query heads sharing ``num_kv_heads`` K/V heads.
 
@@ -93,9 +41,12 @@ class GroupedQueryAttention(nn.Module):
     k_proj and v_proj (d_model -> h_kv*head_dim), o_proj (h*head_dim -> d_model).
     ``head_dim`` defaults to d_model // num_heads.
 
-    ``forward(x, *, mask=None, cache=None, is_causal=False, need_weights=True)``:
+    ``forward(x, *, mask=None, cache=None, is_causal=False, need_weights=True, rope=None)``:
         x (B, L, d_model) — with a ``KVCache``, only the new positions; their K/V are appended
         to the cache and the queries attend to every cached position.
+        rope: a :class:`~mha_course.positions.RotaryEmbedding` (or any ``rope(x, start)``): q and
+        k are rotated at their absolute positions, starting at the cache length, *before* the
+        keys are cached (the cache holds rotated keys, as in Llama).
         mask: bool, True = may attend, 2-D (L, L_total) or 4-D broadcastable to (B, h, L, L_total).
         is_causal: AND a bottom-right aligned :func:`causal_mask` (L, L_total) into the mask.
         Returns out (B, L, d_model) and weights (B, h, L, L_total) or None.
@@ -114,7 +65,14 @@ class GroupedQueryAttention(nn.Module):
         self.o_proj = nn.Linear(num_heads * self.head_dim, d_model, bias=bias)
 
     def forward(
-        self, x, *, mask=None, cache: KVCache | None = None, is_causal: bool = False, need_weights: bool = True
+        self,
+        x,
+        *,
+        mask=None,
+        cache: KVCache | None = None,
+        is_causal: bool = False,
+        need_weights: bool = True,
+        rope=None,
     ):
         validation.tensor("x", x, dims=3, floating=True)
         validation.same_dtype("x", x, self.q_proj.weight)
@@ -126,6 +84,9 @@ class GroupedQueryAttention(nn.Module):
         q = self.q_proj(x).view(B, L, self.num_heads, self.head_dim).transpose(1, 2)  # (B, h, L, hd)
         k = self.k_proj(x).view(B, L, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, h_kv, L, hd)
         v = self.v_proj(x).view(B, L, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, h_kv, L, hd)
+        if rope is not None:  # rotate at the absolute positions: the new rows follow the cached ones
+            start = 0 if cache is None else cache.length
+            q, k = rope(q, start), rope(k, start)
         if cache is not None:
             k, v = cache.update(k, v)  # (B, h_kv, L_total, hd)
         L_total = k.shape[2]

@@ -13,41 +13,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import validation
-from .attention import scaled_dot_product_attention
+from .attention import attention_weights, scaled_dot_product_attention
 from .heads import merge_heads, split_heads
 
-
-def _check_inputs(module, query, key, value):
-    """Default key/value to query (self-attention) and validate the three inputs."""
-    key = query if key is None else key
-    value = key if value is None else value
-    for name, t, width in (
-        ("query", query, module.d_model),
-        ("key", key, module.kdim),
-        ("value", value, module.vdim),
-    ):
-        validation.tensor(name, t, dims=3, floating=True)
-        validation.same_dtype(name, t, module.out_proj.weight)
-        if t.shape[-1] != width:
-            raise ValueError(f"{name} must have last dim {width}, got shape {tuple(t.shape)} (B, L, {width})")
-    if key.shape[:2] != value.shape[:2]:
-        raise ValueError(f"key and value must share (B, Lk), got {tuple(key.shape)} and {tuple(value.shape)}")
-    if query.shape[0] != key.shape[0]:
-        raise ValueError(f"query and key must share the batch size B, got {query.shape[0]} and {key.shape[0]}")
-    return key, value
-
-
-def _check_mask(mask, B, h, Lq, Lk):
-    """A mask for multi-head attention: bool, 2-D (Lq, Lk) or 4-D broadcastable to (B, h, Lq, Lk)."""
-    if mask is None:
-        return None
-    validation.tensor("mask", mask)
-    if mask.dim() not in (2, 4):
-        raise ValueError(
-            f"mask must be 2-D (Lq, Lk) or 4-D (B, h, Lq, Lk) with 1s to broadcast, got shape "
-            f"{tuple(mask.shape)}; for a (B, Lq, Lk) mask use mask[:, None] to add the head dim"
-        )
-    return validation.bool_mask(mask, (B, h, Lq, Lk))
+#: the argument checks LoopedMultiHeadAttention.forward runs first (as MultiHeadAttention.forward)
+_check_inputs = validation.mha_inputs
+_check_mask = validation.mha_mask
 
 
 class LoopedMultiHeadAttention(nn.Module):
@@ -130,6 +101,10 @@ class MultiHeadAttention(nn.Module):
     Fully masked query rows give output 0 from the attention (then only the W_O bias).
     Equivalent to ``torch.nn.MultiheadAttention(batch_first=True)`` with
     ``average_attn_weights=False`` and its boolean mask inverted (see ``from_torch``).
+
+    ``forward`` is written as the steps of the formula — project, split heads, attend, merge
+    heads, output projection — not for speed; :class:`mha_course.fast.FastMultiHeadAttention`
+    computes the same function with the usual inference optimisations.
     """
 
     def __init__(self, d_model: int, num_heads: int, *, bias: bool = True, kdim=None, vdim=None, dropout=0.0):
@@ -149,36 +124,22 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(self.vdim, d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
 
-    def _project(self, query, key, value, q_scale: float = 1.0):
-        """Q, K, V for all heads at once, Q multiplied by ``q_scale`` (folded into W_Q and b_Q:
-        d_model² multiplications instead of B·L·d_model). Self-attention runs one fused
-        (d_model -> 3·d_model) matmul."""
-        w_q, b_q = self.q_proj.weight * q_scale, self.q_proj.bias
-        b_q = None if b_q is None else b_q * q_scale
-        if query is key and key is value:
-            w = torch.cat([w_q, self.k_proj.weight, self.v_proj.weight])
-            b = None if b_q is None else torch.cat([b_q, self.k_proj.bias, self.v_proj.bias])
-            return F.linear(query, w, b).chunk(3, dim=-1)  # 3 × (B, L, d_model)
-        return F.linear(query, w_q, b_q), self.k_proj(key), self.v_proj(value)
-
     def forward(self, query, key=None, value=None, *, mask=None, need_weights=True):
-        key, value = _check_inputs(self, query, key, value)
+        key, value = validation.mha_inputs(self, query, key, value)  # key, value default to query
         B, Lq, Lk, h = query.shape[0], query.shape[1], key.shape[1], self.num_heads
-        mask = _check_mask(mask, B, h, Lq, Lk)
-        # q comes out already multiplied by 1/√d_head, so the attention below uses scale=1
-        q, k, v = (split_heads(t, h) for t in self._project(query, key, value, self.d_head**-0.5))  # (B, h, L, d_head)
+        mask = validation.mha_mask(mask, B, h, Lq, Lk)  # checked once here, used as it is below
+        q = split_heads(self.q_proj(query), h)  # (B, Lq, d_model) -> (B, h, Lq, d_head)
+        k = split_heads(self.k_proj(key), h)  # (B, Lk, kdim) -> (B, h, Lk, d_head)
+        v = split_heads(self.v_proj(value), h)  # (B, Lk, vdim) -> (B, h, Lk, d_head)
         p = self.dropout if self.training else 0.0
         if need_weights:
-            out, weights = scaled_dot_product_attention(q, k, v, mask, scale=1.0)  # (B, h, Lq, d_head), (B, h, Lq, Lk)
-            if p:
-                out = F.dropout(weights, p) @ v
-        else:
-            out, weights = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=1.0), None
+            weights = attention_weights(q, k, mask)  # (B, h, Lq, Lk), scaled by 1/√d_head
+            out = F.dropout(weights, p) @ v if p else weights @ v  # (B, h, Lq, d_head)
+        else:  # PyTorch's fused kernel: the (Lq, Lk) weights are never materialised
+            out, weights = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p), None
             if mask is not None:  # SDPA may return NaN for a query with no allowed key: make it 0
-                dead = ~mask.any(dim=-1, keepdim=True)
-                if dead.any():
-                    out = out.masked_fill(dead, 0.0)
-        return self.out_proj(merge_heads(out)), weights  # (B, Lq, d_model)
+                out = out.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)  # (B, h, Lq, d_head)
+        return self.out_proj(merge_heads(out)), weights  # (B, h, Lq, d_head) -> (B, Lq, d_model)
 
     @classmethod
     @torch.no_grad()

@@ -9,15 +9,15 @@ is the same function, exactly — not an approximation.
 References: Milakov & Gimelshein, "Online normalizer calculation for softmax" (2018,
 arXiv:1805.02867); Rabe & Staats, "Self-attention does not need O(n²) memory" (2021,
 arXiv:2112.05682); Dao et al., "FlashAttention" (NeurIPS 2022, arXiv:2205.14135), which also fuses
-the loop into one GPU kernel so the tiles never leave on-chip memory. Here the loop is Python, so it
-saves memory, not time.
+the loop into one GPU kernel so the tiles never leave on-chip memory; Dao, "FlashAttention-2" (2023,
+arXiv:2307.08691), whose loop order this is (query blocks outer, key/value blocks inner, one division
+at the end). Here the loop is Python, so it saves memory, not time.
 """
 
 from __future__ import annotations
 
 import math
 
-import matplotlib.pyplot as plt
 import torch
 
 from . import validation
@@ -69,11 +69,11 @@ def tiled_attention(q, k, v, mask=None, *, scale=None, block_size: int = 64):
         row_sum = qi.new_zeros((*qi.shape[:-1], 1))  # (..., bq, 1)
         acc = qi.new_zeros((*qi.shape[:-1], v.shape[-1]))  # (..., bq, d_v)
         for j in range(0, Lk, block_size):
+            tile = None if mask is None else mask[..., i : i + block_size, j : j + block_size]
+            if tile is not None and not tile.is_meta and not tile.any():
+                continue  # nothing to attend to in this tile: skip its work entirely, scores included
             s = qi @ k[..., j : j + block_size, :].transpose(-2, -1)  # (..., bq, bk): the only scores held
-            if mask is not None:
-                tile = mask[..., i : i + block_size, j : j + block_size]
-                if not tile.is_meta and not tile.any():
-                    continue  # nothing to attend to in this tile: skip its work entirely
+            if tile is not None:
                 s = s.masked_fill(~tile, NEG_INF)
             row_max, row_sum, acc = online_softmax_update(row_max, row_sum, acc, s, v[..., j : j + block_size, :])
         # row_sum = 0 only in a row with no allowed key (else its max adds e⁰ = 1): output 0 there
@@ -103,34 +103,6 @@ def tile_states(mask, block_size: int) -> torch.Tensor:
             tile = mask[i : i + block_size, j : j + block_size]
             states[a, b] = 2 if tile.all() else int(bool(tile.any()))
     return states
-
-
-def draw_tiles(masks: dict, block_size: int):
-    """Figure: for each named (Lq, Lk) mask, its tiles — skipped, partly masked or fully computed."""
-    from matplotlib.colors import ListedColormap
-
-    fig, axes = plt.subplots(1, len(masks), figsize=(4.2 * len(masks), 4.2), squeeze=False, layout="constrained")
-    cmap = ListedColormap(["#f0f0f0", "#f4a259", "#2a6f97"])
-    for ax, (name, mask) in zip(axes[0], masks.items(), strict=True):
-        states = tile_states(mask, block_size)
-        computed, skipped, total = tile_counts(mask, block_size)
-        im = ax.imshow(states.numpy(), cmap=cmap, vmin=-0.5, vmax=2.5)
-        ax.set_title(f"{name}\n{computed} of {total} tiles computed, {skipped} skipped")
-        ax.set_xlabel(f"key block (size {block_size})")
-        ax.set_ylabel(f"query block (size {block_size})")
-    bar = fig.colorbar(im, ax=axes[0].tolist(), ticks=[0, 1, 2], fraction=0.03)
-    bar.ax.set_yticklabels(["skipped", "partly masked", "all allowed"])
-    fig.suptitle(f"Which score tiles tiled attention computes (L = {mask.shape[0]}, block {block_size})")
-    return fig
-
-
-def draw_tile_explorer(seq_len: int = 1024, block_size: int = 128, window: int = 256):
-    """The explorer's figure: the tiles of a causal mask and of a causal sliding window of
-    ``window`` keys (:func:`mha_course.sliding_window_mask`) at ``seq_len`` and ``block_size``."""
-    from .masks import causal_mask, sliding_window_mask
-
-    masks = {"causal": causal_mask(seq_len), f"sliding window {window}": sliding_window_mask(seq_len, window)}
-    return draw_tiles(masks, block_size)
 
 
 def _check(q, k, v, mask):

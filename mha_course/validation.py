@@ -110,3 +110,37 @@ def head_shape(d_model: int, num_heads: int, num_kv_heads: int | None, head_dim:
     positive_int("d_model", d_model)
     h_kv = kv_heads(num_heads, num_kv_heads)
     return h_kv, divisible(d_model, num_heads) if head_dim is None else positive_int("head_dim", head_dim)
+
+
+def mha_inputs(module, query, key, value):
+    """The inputs of a multi-head attention ``module`` (with d_model, kdim, vdim and out_proj):
+    default key to query and value to key (self-attention), check all three; return (key, value)."""
+    key = query if key is None else key
+    value = key if value is None else value
+    for name, t, width in (
+        ("query", query, module.d_model),
+        ("key", key, module.kdim),
+        ("value", value, module.vdim),
+    ):
+        tensor(name, t, dims=3, floating=True)
+        same_dtype(name, t, module.out_proj.weight)
+        if t.shape[-1] != width:
+            raise ValueError(f"{name} must have last dim {width}, got shape {tuple(t.shape)} (B, L, {width})")
+    if key.shape[:2] != value.shape[:2]:
+        raise ValueError(f"key and value must share (B, Lk), got {tuple(key.shape)} and {tuple(value.shape)}")
+    if query.shape[0] != key.shape[0]:
+        raise ValueError(f"query and key must share the batch size B, got {query.shape[0]} and {key.shape[0]}")
+    return key, value
+
+
+def mha_mask(mask, B, h, Lq, Lk):
+    """A mask for multi-head attention: bool, 2-D (Lq, Lk) or 4-D broadcastable to (B, h, Lq, Lk)."""
+    if mask is None:
+        return None
+    tensor("mask", mask)
+    if mask.dim() not in (2, 4):
+        raise ValueError(
+            f"mask must be 2-D (Lq, Lk) or 4-D (B, h, Lq, Lk) with 1s to broadcast, got shape "
+            f"{tuple(mask.shape)}; for a (B, Lq, Lk) mask use mask[:, None] to add the head dim"
+        )
+    return bool_mask(mask, (B, h, Lq, Lk))

@@ -31,15 +31,17 @@ def naive_causal_gqa(layer: mc.GroupedQueryAttention, x):
 
 
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(4, 4), (4, 2), (6, 1)])
-@pytest.mark.parametrize("use_cache", [True, False])
+@pytest.mark.parametrize(("use_cache", "preallocate"), [(True, False), (True, True), (False, False)])
 @pytest.mark.parametrize("prompt_len", [1, 4])
-def test_decode_equals_naive_causal_attention(num_heads, num_kv_heads, use_cache, prompt_len):
+def test_decode_equals_naive_causal_attention(num_heads, num_kv_heads, use_cache, preallocate, prompt_len):
     torch.manual_seed(num_heads + num_kv_heads + prompt_len)
     layer = mc.GroupedQueryAttention(num_heads * 4, num_heads, num_kv_heads)
     x = torch.randn(3, 9, num_heads * 4)
-    out, cache = decoding.decode(layer, x, prompt_len=prompt_len, use_cache=use_cache)
+    out, cache = decoding.decode(layer, x, prompt_len=prompt_len, use_cache=use_cache, preallocate=preallocate)
     torch.testing.assert_close(out, naive_causal_gqa(layer, x), atol=1e-5, rtol=1e-4)
     assert (cache is None) == (not use_cache)
+    if use_cache:
+        assert cache.preallocated == preallocate and cache.length == 9
 
 
 def test_decode_cache_holds_every_key_and_value_in_its_kv_heads():
@@ -57,13 +59,14 @@ def test_decode_cache_holds_every_key_and_value_in_its_kv_heads():
 
 
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(4, 4), (4, 1)])
-def test_decode_step_is_the_next_position_of_a_causal_pass_at_every_call(num_heads, num_kv_heads):
+@pytest.mark.parametrize("preallocated", [False, True])
+def test_decode_step_is_the_next_position_of_a_causal_pass_at_every_call(num_heads, num_kv_heads, preallocated):
     torch.manual_seed(1)
     layer = mc.GroupedQueryAttention(16, num_heads, num_kv_heads)
     x = torch.randn(2, 6, 16)
     cache = mc.KVCache()
     layer(x[:, :5], cache=cache, is_causal=True)  # prefill 5 positions
-    step = decoding.decode_step(layer, x[:, 5:], cache)
+    step = decoding.decode_step(layer, x[:, 5:], cache, preallocated=preallocated)
     expected = naive_causal_gqa(layer, x)[:, 5:]  # (B, 1, d_model): position 5 of one causal pass
     for _ in range(2):  # the same result every call: the cache does not grow
         torch.testing.assert_close(step(), expected, atol=1e-5, rtol=1e-4)
@@ -121,3 +124,26 @@ def test_cache_explorer_bars_are_the_llama3_8b_cache_sizes():
     matplotlib.pyplot.close(fig)
     with pytest.raises(ValueError, match="num_kv_heads=3"):
         decoding.draw_cache_explorer(num_kv_heads=3)
+
+
+def test_bytes_written_counts_new_tensors_and_in_place_writes_not_views():
+    x = torch.zeros(4, 8)  # float32: 4 bytes a number
+    assert decoding.bytes_written(lambda: x.view(8, 4).transpose(0, 1)) == 0
+    assert decoding.bytes_written(lambda: x + 1) == 4 * 8 * 4
+    assert decoding.bytes_written(lambda: x[:, :2].copy_(torch.ones(4, 2))) == 4 * 2 * 4 + 4 * 2 * 4  # ones + slice
+    assert decoding.bytes_written(lambda: torch.cat([x, x])) == 2 * 4 * 8 * 4
+
+
+@pytest.mark.parametrize("num_kv_heads", [4, 1])
+def test_a_growing_step_rewrites_the_cache_and_a_preallocated_one_writes_one_position(num_kv_heads):
+    torch.manual_seed(2)
+    layer = mc.GroupedQueryAttention(32, 4, num_kv_heads)
+    cache = mc.KVCache()
+    T, hd = 64, 8
+    cache.update(torch.randn(2, num_kv_heads, T, hd), torch.randn(2, num_kv_heads, T, hd))
+    new = torch.randn(2, 1, 32)
+    growing = decoding.bytes_written(decoding.decode_step(layer, new, cache))
+    pre = decoding.bytes_written(decoding.decode_step(layer, new, cache, preallocated=True))
+    one_position = 2 * 2 * num_kv_heads * hd * 4  # K and V of one token, float32
+    rewrite = (T + 1) * one_position  # torch.cat writes all T + 1 positions
+    assert growing - pre == rewrite - one_position

@@ -3,6 +3,7 @@ torch.repeat_interleave; F.scaled_dot_product_attention(..., enable_gqa=True) on
 done by hand with F.linear; MultiHeadAttention with the K/V weights repeated per group; a
 hand-pooled MHA -> GQA conversion; and KV-cache decoding vs full causal recomputation."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
@@ -196,6 +197,7 @@ def decode_case(draw):
     c = draw(gqa_case())
     c["L"] = draw(st.integers(2, 8))
     c["prompt"] = draw(st.integers(1, c["L"] - 1))
+    c["max_length"] = draw(st.sampled_from([None, c["L"], c["L"] + 3]))  # growing, or preallocated
     return c
 
 
@@ -210,7 +212,7 @@ def test_kv_cache_decoding_equals_full_recomputation(c):
     tril = torch.ones(L, L, dtype=torch.bool).tril()  # the causal mask, written out
     full_out, full_w = m(x, mask=tril)
 
-    cache = mc.KVCache()
+    cache = mc.KVCache(max_length=c["max_length"])
     assert cache.length == 0 and cache.nbytes == 0
     out, w = m(x[:, :P], cache=cache, is_causal=True)  # prefill the prompt
     close(out, full_out[:, :P], c["dtype"])
@@ -231,6 +233,46 @@ def test_kv_cache_decoding_equals_full_recomputation(c):
     v = F.linear(x, m.v_proj.weight, m.v_proj.bias).view(B, L, c["h_kv"], c["hd"]).transpose(1, 2)
     close(cache.keys, k, c["dtype"])
     close(cache.values, v, c["dtype"])
+    if c["max_length"] is not None:  # the buffers hold max_length positions; keys/values are views
+        assert cache.reserved_nbytes == cache.nbytes * c["max_length"] // L
+        assert cache.keys._base is not None and cache.keys.shape[2] == L  # a view of the buffer
+
+
+def test_preallocated_update_writes_in_place_and_returns_views():
+    cache = mc.KVCache(max_length=6)
+    k, v = torch.randn(2, 3, 4, 5), torch.randn(2, 3, 4, 5)
+    k_all, v_all = cache.update(k[:, :, :3], v[:, :, :3])
+    buffer = k_all.untyped_storage()
+    assert torch.equal(k_all, k[:, :, :3]) and k_all.shape == (2, 3, 3, 5)
+    k_all, v_all = cache.update(k[:, :, 3:], v[:, :, 3:])
+    assert torch.equal(k_all, k) and torch.equal(v_all, v)
+    assert k_all.untyped_storage().data_ptr() == buffer.data_ptr()  # the same buffer, written in place
+    assert k_all._base is not None and v_all._base is not None  # views, not copies
+    assert cache.length == 4 and cache.reserved_nbytes == 2 * 2 * 3 * 6 * 5 * 4
+    assert cache.nbytes == 2 * 2 * 3 * 4 * 5 * 4
+    with pytest.raises(ValueError, match="max_length=6.*has 4 and the update adds 3"):
+        cache.update(k[:, :, :3], v[:, :, :3])
+    cache.crop(2)
+    k_all, _ = cache.update(k[:, :, 3:], v[:, :, 3:])  # written at position 2
+    assert torch.equal(k_all, torch.cat([k[:, :, :2], k[:, :, 3:]], dim=2))
+    with pytest.raises(ValueError, match="length=5 is more than the 3 cached"):
+        cache.crop(5)
+    with pytest.raises(ValueError, match="max_length"):
+        mc.KVCache(max_length=0)
+    with pytest.raises(ValueError, match="does not match the cached"):
+        cache.update(torch.randn(1, 3, 1, 5), torch.randn(1, 3, 1, 5))
+    cache.reset()
+    assert cache.length == 0 and cache.keys is None and cache.reserved_nbytes == 0
+
+
+def test_growing_cache_crop():
+    cache = mc.KVCache()
+    k = torch.randn(1, 2, 5, 3)
+    cache.update(k, k)
+    cache.crop(3)
+    assert torch.equal(cache.keys, k[:, :, :3]) and cache.length == 3
+    k_all, _ = cache.update(k[:, :, 4:], k[:, :, 4:])
+    assert torch.equal(k_all, k[:, :, [0, 1, 2, 4]])
 
 
 def test_kv_cache_reset_and_nbytes_of_real_storage():

@@ -189,8 +189,8 @@ def test_fully_masked_query_gives_only_the_output_bias(c):
 @SETTINGS
 @given(mha_case())
 @torch.no_grad()
-def test_self_attention_fused_qkv_equals_separate_projections(c):
-    """key=value=None uses one fused (3·d) projection; passing copies of x takes the separate path."""
+def test_self_attention_equals_passing_copies_of_x(c):
+    """key=value=None (self-attention) and passing copies of x compute the same function."""
     gen = torch.Generator().manual_seed(c["seed"])
     ours = mc.MultiHeadAttention(c["d"], c["h"], bias=c["bias"]).to(c["dtype"])
     randomize(ours, gen).eval()

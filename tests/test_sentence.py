@@ -171,7 +171,7 @@ def test_checker_accepts_correct_implementations(fn):
     assert result.passed, result
 
 
-@pytest.mark.parametrize("mistake", per_head._MISTAKES, ids=lambda m: m.name)
+@pytest.mark.parametrize("mistake", per_head.MULTI_HEAD_ATTENTION_PER_HEAD_MISTAKES, ids=lambda m: m.name)
 def test_checker_names_each_mistake(mistake):
     result = mc.check.multi_head_attention_per_head(mistake.fn)
     assert not result.passed

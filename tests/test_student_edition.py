@@ -218,9 +218,20 @@ def test_build_writes_every_notebook_and_check_detects_staleness(tmp_path):
 
 
 def test_checker_diagnoses_are_the_mistake_lists_of_the_checkers():
+    import importlib
+    import inspect
+
     from mha_course.check import attention
 
-    assert se.checker_diagnoses("scaled_dot_product_attention") == [m.diagnosis for m in attention._SDPA_MISTAKES]
+    for name, fn in check.CHECKERS.items():  # every checker built on run_check keeps its mistakes as data
+        module = importlib.import_module(fn.__module__)
+        if "run_check(" in inspect.getsource(fn):
+            assert hasattr(module, f"{name.upper()}_MISTAKES"), f"{module.__name__}: no {name.upper()}_MISTAKES"
+            assert se.checker_diagnoses(name), name
+
+    assert se.checker_diagnoses("scaled_dot_product_attention") == [
+        m.diagnosis for m in attention.SCALED_DOT_PRODUCT_ATTENTION_MISTAKES
+    ]
     diagnoses = se.checker_diagnoses("causal_mask")
     assert len(diagnoses) >= 3 and any("diagonal" in d for d in diagnoses)
     assert se.checker_diagnoses("address_book_query") == []  # a hand-written checker without run_check

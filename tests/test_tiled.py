@@ -18,7 +18,8 @@ from hypothesis import strategies as st  # noqa: E402
 import mha_course as mc  # noqa: E402
 from mha_course import tiled
 from mha_course.check import tiled as check_tiled  # noqa: E402
-from mha_course.lessons import benchmark
+from mha_course.kit.memory import peak_memory  # noqa: E402
+from mha_course.lessons import efficient_attention  # noqa: E402
 
 
 def _explicit(q, k, v, mask=None):
@@ -131,8 +132,8 @@ def test_tiled_peak_memory_is_below_the_score_matrix_at_long_length():
     q = k = v = torch.randn(1, 2, L, 16)
     scores_bytes = 2 * L * L * 4
     with torch.no_grad():
-        explicit = benchmark.peak_memory(lambda: mc.scaled_dot_product_attention(q, k, v))
-        tiled_peak = benchmark.peak_memory(lambda: tiled.tiled_attention(q, k, v, block_size=block))
+        explicit = peak_memory(lambda: mc.scaled_dot_product_attention(q, k, v))
+        tiled_peak = peak_memory(lambda: tiled.tiled_attention(q, k, v, block_size=block))
     assert explicit >= scores_bytes
     assert tiled_peak < scores_bytes / 10
 
@@ -182,7 +183,7 @@ def test_tile_counts_for_causal_and_window_masks(L, b):
 
 def test_draw_tiles_titles_each_mask_with_its_counts():
     masks = {"causal": mc.causal_mask(256), "window 64": mc.sliding_window_mask(256, 64)}
-    fig = tiled.draw_tiles(masks, 32)
+    fig = efficient_attention.draw_tiles(masks, 32)
     titles = [ax.get_title() for ax in fig.axes[:2]]
     assert titles[0].startswith("causal\n36 of 64 tiles computed, 28 skipped")
     c, s, t = _tiles_brute_force(masks["window 64"], 32)
@@ -192,7 +193,7 @@ def test_draw_tiles_titles_each_mask_with_its_counts():
 
 
 def test_tile_explorer_draws_causal_and_window_for_its_arguments():
-    fig = tiled.draw_tile_explorer(seq_len=96, block_size=32, window=40)
+    fig = efficient_attention.draw_tile_explorer(seq_len=96, block_size=32, window=40)
     titles = [ax.get_title() for ax in fig.axes[:2]]
     assert titles[0] == "causal\n6 of 9 tiles computed, 3 skipped"
     c, s, t = _tiles_brute_force(mc.sliding_window_mask(96, 40), 32)
@@ -243,3 +244,107 @@ def test_checker_reports_not_attempted_and_never_raises():
     assert mc.check.online_softmax_update(todo).status == "not attempted"
     result = mc.check.online_softmax_update(lambda *a: a[0] @ a[1])
     assert not result.passed and "raised" in result.message
+
+
+# ---------------------------------------------------------------------------------------------
+# the checker of the tiled loop: written here independently (keys tiled, all queries at once)
+
+
+def _keys_tiled(q, k, v, mask=None, *, block_size=64, scaled=True, stop=None, mask_as=None, guard=True):
+    """A correct tiled loop over key blocks only (all queries at once), or one with a mistake."""
+    scores_shape = torch.broadcast_shapes(q.shape[:-1] + (1,), k.shape[:-2] + (1, 1), v.shape[:-2] + (1, 1))
+    Lq, Lk = q.shape[-2], k.shape[-2]
+    batch = scores_shape[:-2]
+    q = q / math.sqrt(q.shape[-1]) if scaled else q
+    m = torch.full((*batch, Lq, 1), float("-inf"), dtype=q.dtype)
+    total, acc = torch.zeros(*batch, Lq, 1, dtype=q.dtype), torch.zeros(*batch, Lq, v.shape[-1], dtype=q.dtype)
+    for j in range(0, Lk if stop is None else stop(Lk, block_size), block_size):
+        s = torch.einsum("...qd,...kd->...qk", q, k[..., j : j + block_size, :])
+        if mask is not None and mask_as != "ignored":
+            allowed = torch.broadcast_to(mask, (*batch, Lq, Lk))[..., j : j + block_size]
+            s = torch.where(allowed if mask_as != "inverted" else ~allowed, s, float("-inf"))
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        base = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        p = (s - base).exp()
+        rescale = (m - base).exp()
+        total, acc, m = (
+            rescale * total + p.sum(-1, keepdim=True),
+            rescale * acc + p @ v[..., j : j + block_size, :],
+            m_new,
+        )
+    if not guard:
+        return acc / total
+    return torch.where(total == 0, torch.zeros_like(acc), acc / total.clamp_min(1e-30))
+
+
+def _per_tile_softmax(q, k, v, mask=None, *, block_size=64):
+    out = 0
+    for j in range(0, k.shape[-2], block_size):
+        s = q @ k[..., j : j + block_size, :].transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if mask is not None:
+            s = s.masked_fill(
+                ~torch.broadcast_to(mask, s.shape[:-1] + (mask.shape[-1],))[..., j : j + block_size], -1e30
+            )
+        out = out + torch.softmax(s, -1) @ v[..., j : j + block_size, :]
+    return out
+
+
+def _whole_matrix(q, k, v, mask=None, *, block_size=64):
+    return (
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask).nan_to_num(0.0)
+        if mask is None
+        else _explicit(q, k, v, mask)
+    )
+
+
+def test_tiled_loop_checker_passes_two_correct_loops():
+    assert mc.check.tiled_attention(tiled.tiled_attention).passed
+    result = mc.check.tiled_attention(_keys_tiled)
+    assert result.passed, result
+    assert "never held the 256 × 256 scores" in result.message
+
+
+@pytest.mark.parametrize(
+    "fn, name",
+    [
+        (functools.partial(_keys_tiled, scaled=False), "no scale"),
+        (functools.partial(_keys_tiled, stop=lambda L, b: L // b * b), "last key block dropped"),
+        (functools.partial(_keys_tiled, mask_as="ignored"), "mask ignored"),
+        (functools.partial(_keys_tiled, mask_as="inverted"), "mask inverted"),
+        (_per_tile_softmax, "per-tile softmax"),
+        (functools.partial(_keys_tiled, guard=False), "NaN for a row with no allowed key"),
+        (_whole_matrix, "materialises the score matrix"),
+    ],
+)
+def test_tiled_loop_checker_names_each_mistake(fn, name):
+    diagnosis = next(m.diagnosis for m in check_tiled.TILED_ATTENTION_MISTAKES if m.name == name)
+    result = mc.check.tiled_attention(fn)
+    assert not result.passed and result.message == f"tiled_attention: likely mistake — {diagnosis}", result
+
+
+def test_tiled_loop_checker_reports_not_attempted():
+    def todo(q, k, v, mask=None, *, block_size=64):
+        raise NotImplementedError
+
+    assert mc.check.tiled_attention(todo).status == "not attempted"
+
+
+@torch.no_grad()
+def test_what_notebook_09_prints_about_sdpa_holds_on_this_torch():
+    """Notebook 09 prints version-robust facts instead of exact kernel bytes (the math backend's peak
+    was 40.5 MiB on torch 2.13 and 56.5 MiB on 2.5 for the same call): the math backend holds more
+    than two score matrices, the flash kernel under a fifth of one (0.07 on 2.13, 0.099 on 2.5.1),
+    and an explicit attn_mask costs one float L × L mask. Checked on whichever torch runs the tests."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    B, h, L, d = 1, 4, 1024, 32
+    q, k, v = (torch.randn(B, h, L, d) for _ in range(3))
+    scores = B * h * L * L * 4
+    causal = functools.partial(F.scaled_dot_product_attention, q, k, v, is_causal=True)
+    with sdpa_kernel(SDPBackend.MATH):
+        assert peak_memory(causal) > 2 * scores
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        assert peak_memory(causal) < scores / 5
+    masked = functools.partial(F.scaled_dot_product_attention, q, k, v, attn_mask=mc.causal_mask(L))
+    extra = (peak_memory(masked) - peak_memory(causal)) / (L * L * 4)
+    assert round(extra, 1) == 1.0

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import mha_course as mc
+from mha_course.kit.memory import peak_memory
 from mha_course.lessons import mask_lab
-from mha_course.lessons.benchmark import peak_memory
 from mha_course.lessons.head_layout import kernels_called
 
 FLASH = "_scaled_dot_product_flash_attention_for_cpu"

@@ -13,16 +13,21 @@ from __future__ import annotations
 from .accounting import count_attention_params, kv_cache_bytes
 from .address_book import address_book_query
 from .attention import multi_head_attention, scaled_dot_product_attention
+from .cache_schemes import gather_blocks, mla_cache_bytes, sink_window_update
 from .diagnostics import attention_entropy
 from .framework import CheckResult
 from .gqa import repeat_kv
 from .head_budget import attention_flops_split
 from .heads import merge_heads, split_heads
+from .kv_cache import write_kv
+from .leakage import leaks_future
 from .masks import causal_mask, padding_mask
 from .per_head import multi_head_attention_per_head
+from .positions import apply_rope, rope_step
 from .pretrained import previous_token_score
 from .specialize import ablate_heads
-from .tiled import online_softmax_update
+from .tiled import online_softmax_update, tiled_attention
+from .torch_masks import to_torch_masks
 
 #: every checker: ``mc.check.<name>(fn) -> CheckResult``
 CHECKERS = {
@@ -38,12 +43,21 @@ CHECKERS = {
         merge_heads,
         causal_mask,
         padding_mask,
+        to_torch_masks,
+        leaks_future,
         repeat_kv,
         kv_cache_bytes,
+        write_kv,
         ablate_heads,
         previous_token_score,
         online_softmax_update,
+        tiled_attention,
         attention_entropy,
+        apply_rope,
+        rope_step,
+        mla_cache_bytes,
+        sink_window_update,
+        gather_blocks,
     )
 }
 

@@ -41,6 +41,29 @@ def _pv(how):
     return lambda d, h, h_kv=None, bias=True: _params_variant(d, h, h_kv, bias, how=how)
 
 
+COUNT_ATTENTION_PARAMS_MISTAKES = [
+    Mistake("no bias", _pv("no bias"), "biases not counted: each projection has one bias per output feature"),
+    Mistake(
+        "no gqa",
+        _pv("no gqa"),
+        "K and V counted with the query heads: with GQA, W_K and W_V have only num_kv_heads·d_head output columns each",
+    ),
+    Mistake("no W_O", _pv("no W_O"), "only Q, K and V counted: add the output projection W_O (and its bias)"),
+    Mistake(
+        "h full heads",
+        _pv("h full heads"),
+        "counted num_heads separate full-width attention layers: the heads split d_model, so the total "
+        "does not grow with num_heads (4·d_model² for MHA)",
+    ),
+    Mistake(
+        "full-width biases",
+        _pv("full-width biases"),
+        "the K and V biases counted at full width d_model: with GQA each has num_kv_heads·d_head entries",
+    ),
+    Mistake("bias always", _pv("bias always"), "biases counted although bias=False"),
+]
+
+
 def count_attention_params(fn) -> CheckResult:
     """Check ``fn(d_model, num_heads, num_kv_heads=None, bias=True) -> int``: the parameters of one
     attention layer — W_Q and W_O (d_model × d_model), W_K and W_V (d_model × num_kv_heads·d_head),
@@ -54,34 +77,12 @@ def count_attention_params(fn) -> CheckResult:
         Case((8192, 64, 8), {"bias": False}, description="Llama 2 70B: GQA 64/8"),
         Case((512, 8, 2), {"bias": True}, description="toy GQA 8/2 with biases"),
     ]
-    mistakes = [
-        Mistake("no bias", _pv("no bias"), "biases not counted: each projection has one bias per output feature"),
-        Mistake(
-            "no gqa",
-            _pv("no gqa"),
-            "K and V counted with the query heads: with GQA, W_K and W_V have only num_kv_heads·d_head "
-            "output columns each",
-        ),
-        Mistake("no W_O", _pv("no W_O"), "only Q, K and V counted: add the output projection W_O (and its bias)"),
-        Mistake(
-            "h full heads",
-            _pv("h full heads"),
-            "counted num_heads separate full-width attention layers: the heads split d_model, so the total "
-            "does not grow with num_heads (4·d_model² for MHA)",
-        ),
-        Mistake(
-            "full-width biases",
-            _pv("full-width biases"),
-            "the K and V biases counted at full width d_model: with GQA each has num_kv_heads·d_head entries",
-        ),
-        Mistake("bias always", _pv("bias always"), "biases counted although bias=False"),
-    ]
     return run_check(
         "count_attention_params",
         fn,
         cases,
         _params,
-        mistakes,
+        COUNT_ATTENTION_PARAMS_MISTAKES,
         arg_names=("d_model", "num_heads", "num_kv_heads"),
         output_label="your count",
     )
@@ -110,6 +111,41 @@ def _kv_query_heads(case: Case):
     return _kv(num_layers, case.info["num_heads"], *rest, **case.kwargs)
 
 
+KV_CACHE_BYTES_MISTAKES = [
+    Mistake("no factor 2", _kvv(lambda *a: _F(1, 2)), "K and V not both cached: the cache holds keys AND values (×2)"),
+    Mistake(
+        "query heads",
+        _kv_query_heads,
+        "used the query heads where the KV heads belong: with GQA only num_kv_heads heads of K and V are cached",
+        on_case=True,
+    ),
+    Mistake(
+        "no layers", _kvv(lambda n, *a: _F(1, n)), "layers ignored: every layer keeps its own K and V (×num_layers)"
+    ),
+    Mistake("no batch", _kvv(lambda *a: _F(1, a[4])), "batch ignored: every sequence in the batch has its own cache"),
+    Mistake(
+        "elements",
+        _kvv(lambda *a: _F(1, a[5])),
+        "counted elements, not bytes: multiply by bytes_per_element (2 for fp16/bf16, 4 for fp32, 1 for int8)",
+    ),
+    Mistake(
+        "bytes fixed at 2",
+        _kvv(lambda *a: _F(2, a[5])),
+        "bytes_per_element ignored (always 2 bytes): use the bytes_per_element argument",
+    ),
+    Mistake(
+        "GiB",
+        _kvv(lambda *a: _F(1, 2**30)),
+        "returned GiB: return the number of bytes as an int (convert only when you print it)",
+    ),
+    Mistake(
+        "GB",
+        _kvv(lambda *a: _F(1, 10**9)),
+        "returned GB: return the number of bytes as an int (convert only when you print it)",
+    ),
+]
+
+
 def kv_cache_bytes(fn) -> CheckResult:
     """Check ``fn(num_layers, num_kv_heads, head_dim, seq_len, batch=1, bytes_per_element=2) -> int``:
     the bytes a KV cache holds — keys AND values, for every layer, KV head, position and sequence."""
@@ -130,49 +166,12 @@ def kv_cache_bytes(fn) -> CheckResult:
         ),
         Case((42, 8, 256, 1000), description="Gemma 2 9B, 1000 tokens", info={"num_heads": 16}),
     ]
-    mistakes = [
-        Mistake(
-            "no factor 2", _kvv(lambda *a: _F(1, 2)), "K and V not both cached: the cache holds keys AND values (×2)"
-        ),
-        Mistake(
-            "query heads",
-            _kv_query_heads,
-            "used the query heads where the KV heads belong: with GQA only num_kv_heads heads of K and V are cached",
-            on_case=True,
-        ),
-        Mistake(
-            "no layers", _kvv(lambda n, *a: _F(1, n)), "layers ignored: every layer keeps its own K and V (×num_layers)"
-        ),
-        Mistake(
-            "no batch", _kvv(lambda *a: _F(1, a[4])), "batch ignored: every sequence in the batch has its own cache"
-        ),
-        Mistake(
-            "elements",
-            _kvv(lambda *a: _F(1, a[5])),
-            "counted elements, not bytes: multiply by bytes_per_element (2 for fp16/bf16, 4 for fp32, 1 for int8)",
-        ),
-        Mistake(
-            "bytes fixed at 2",
-            _kvv(lambda *a: _F(2, a[5])),
-            "bytes_per_element ignored (always 2 bytes): use the bytes_per_element argument",
-        ),
-        Mistake(
-            "GiB",
-            _kvv(lambda *a: _F(1, 2**30)),
-            "returned GiB: return the number of bytes as an int (convert only when you print it)",
-        ),
-        Mistake(
-            "GB",
-            _kvv(lambda *a: _F(1, 10**9)),
-            "returned GB: return the number of bytes as an int (convert only when you print it)",
-        ),
-    ]
     return run_check(
         "kv_cache_bytes",
         fn,
         cases,
         _kv,
-        mistakes,
+        KV_CACHE_BYTES_MISTAKES,
         arg_names=("num_layers", "num_kv_heads", "head_dim", "seq_len"),
         output_label="your answer",
     )

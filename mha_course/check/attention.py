@@ -60,7 +60,7 @@ def _sdpa_cases(fully_masked_rows: bool) -> list[Case]:
     return cases
 
 
-_SDPA_MISTAKES = [
+SCALED_DOT_PRODUCT_ATTENTION_MISTAKES = [
     Mistake(
         "no scale",
         lambda q, k, v, m=None: _sdpa_variant(q, k, v, m, scale=1.0),
@@ -137,7 +137,7 @@ def scaled_dot_product_attention(fn, *, fully_masked_rows: bool = False) -> Chec
         fn,
         _sdpa_cases(fully_masked_rows),
         _attention.scaled_dot_product_attention,
-        _SDPA_MISTAKES,
+        SCALED_DOT_PRODUCT_ATTENTION_MISTAKES,
         arg_names=("q", "k", "v", "mask"),
         output_names=("out", "weights"),
     )
@@ -213,7 +213,7 @@ def _mv(**kw):
     return lambda *args: _mha_variant(*args, **kw)
 
 
-_MHA_MISTAKES = [
+MULTI_HEAD_ATTENTION_MISTAKES = [
     Mistake(
         "no split, scale √d_model",
         _mv(split="none", scale="model"),
@@ -292,7 +292,7 @@ def multi_head_attention(fn) -> CheckResult:
         fn,
         _mha_cases(),
         _mha_reference,
-        _MHA_MISTAKES,
+        MULTI_HEAD_ATTENTION_MISTAKES,
         arg_names=("x", "w_q", "w_k", "w_v", "w_o", "num_heads"),
         output_label="out",
     )

@@ -41,7 +41,7 @@ def _cases() -> list[Case]:
     ]
 
 
-_MISTAKES = [
+ATTENTION_ENTROPY_MISTAKES = [
     Mistake(
         "0·log 0",
         lambda w: -(w * torch.log(w)).sum(dim=-1).mean(dim=(0, 2)),
@@ -94,7 +94,7 @@ def attention_entropy(fn) -> CheckResult:
         fn,
         _cases(),
         _reference,
-        _MISTAKES,
+        ATTENTION_ENTROPY_MISTAKES,
         arg_names=("weights",),
         output_label="entropy",
     )

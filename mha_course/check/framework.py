@@ -11,23 +11,24 @@ A check returns a :class:`CheckResult` that a notebook displays as one line::
 
 How to write a checker module (``mha_course/check/<topic>.py``)
 ----------------------------------------------------------------
-The package ``mha_course.check`` imports every module in it whose name does not start with
-``_`` and exposes each name in the module's ``__all__`` as ``mc.check.<name>``; nothing else to
-register. Names must be unique across modules (a clash stops the import with an error). A checker
-is a function ``fn -> CheckResult`` built from three lists::
+``mha_course/check/__init__.py`` imports each checker by name (one import line and one entry in
+``CHECKERS``). A checker is a function ``fn -> CheckResult`` built from its cases, the reference
+and its mistakes; the mistakes are data, a module-level list ``<NAME>_MISTAKES`` (the instructor
+guide lists them from there)::
 
     import torch
     from .framework import Case, Mistake, run_check, tensor_generator
 
     __all__ = ["double"]
 
+    DOUBLE_MISTAKES = [Mistake("squared", lambda x: x * x, "you squared x instead of doubling it")]
+
     def double(fn):
         \"\"\"Check ``fn(x) -> 2 * x`` for a float tensor x of any shape.\"\"\"
         g = tensor_generator()                 # private, seeded: same inputs every run
         cases = [Case((torch.randn(3, generator=g),), description="1-D"),
                  Case((torch.randn(2, 5, generator=g),), description="2-D")]
-        mistakes = [Mistake("squared", lambda x: x * x, "you squared x instead of doubling it")]
-        return run_check("double", fn, cases, reference=lambda x: 2 * x, mistakes=mistakes,
+        return run_check("double", fn, cases, reference=lambda x: 2 * x, mistakes=DOUBLE_MISTAKES,
                          arg_names=("x",))
 
 Rules the runner follows (so checker modules need not):

@@ -10,6 +10,32 @@ from .framework import Case, CheckResult, Mistake, run_check, tensor_generator
 __all__ = ["repeat_kv"]
 
 
+_WRONG_DIM = (
+    "repeated along dim {} ({}) instead of the head dim 1: the result is (B, h_kv·n_rep, L, d) — "
+    "use repeat_interleave(x, n_rep, dim=1)"
+)
+REPEAT_KV_MISTAKES = [
+    Mistake(
+        "repeat",
+        lambda x, n: x.repeat(1, n, 1, 1),
+        "x.repeat(1, n_rep, 1, 1) tiles the whole block of KV heads, so query head i gets KV head i % h_kv; "
+        "each KV head must serve n_rep consecutive query heads (i // n_rep) — use repeat_interleave",
+    ),
+    *(
+        Mistake(f"dim {dim}", lambda x, n, dim=dim: x.repeat_interleave(n, dim=dim), _WRONG_DIM.format(dim, what))
+        for dim, what in ((0, "batch"), (2, "positions"), (3, "features"))
+    ),
+    *(
+        Mistake(
+            f"repeat dim {dim}",
+            lambda x, n, dim=dim: x.repeat(*[n if i == dim else 1 for i in range(4)]),
+            _WRONG_DIM.format(dim, what),
+        )
+        for dim, what in ((0, "batch"), (2, "positions"), (3, "features"))
+    ),
+]
+
+
 def repeat_kv(fn) -> CheckResult:
     """Check ``fn(x, n_rep)``: (B, h_kv, L, d) -> (B, h_kv·n_rep, L, d), so that query head i
     reads KV head i // n_rep (each KV head repeated n_rep times in a row, like
@@ -22,28 +48,6 @@ def repeat_kv(fn) -> CheckResult:
         (1, 3, 2, 5, 1, "n_rep = 1 (MHA)"),
     ]
     cases = [Case((torch.randn(B, h, L, d, generator=g), n), description=t) for B, h, L, d, n, t in shapes]
-    wrong_dim = (
-        "repeated along dim {} ({}) instead of the head dim 1: the result is (B, h_kv·n_rep, L, d) — "
-        "use repeat_interleave(x, n_rep, dim=1)"
+    return run_check(
+        "repeat_kv", fn, cases, _gqa.repeat_kv, REPEAT_KV_MISTAKES, arg_names=("x", "n_rep"), output_label="output"
     )
-    mistakes = [
-        Mistake(
-            "repeat",
-            lambda x, n: x.repeat(1, n, 1, 1),
-            "x.repeat(1, n_rep, 1, 1) tiles the whole block of KV heads, so query head i gets KV head i % h_kv; "
-            "each KV head must serve n_rep consecutive query heads (i // n_rep) — use repeat_interleave",
-        ),
-        *(
-            Mistake(f"dim {dim}", lambda x, n, dim=dim: x.repeat_interleave(n, dim=dim), wrong_dim.format(dim, what))
-            for dim, what in ((0, "batch"), (2, "positions"), (3, "features"))
-        ),
-        *(
-            Mistake(
-                f"repeat dim {dim}",
-                lambda x, n, dim=dim: x.repeat(*[n if i == dim else 1 for i in range(4)]),
-                wrong_dim.format(dim, what),
-            )
-            for dim, what in ((0, "batch"), (2, "positions"), (3, "features"))
-        ),
-    ]
-    return run_check("repeat_kv", fn, cases, _gqa.repeat_kv, mistakes, arg_names=("x", "n_rep"), output_label="output")

@@ -12,6 +12,58 @@ def _split(b, n, d, h):
     return flops_split(b, n, d, h)
 
 
+ATTENTION_FLOPS_SPLIT_MISTAKES = [
+    Mistake(
+        "swapped",
+        lambda b, n, d, h: _split(b, n, d, h)[::-1],
+        "the two numbers are swapped: return (projections, scores)",
+    ),
+    Mistake(
+        "multiply-adds",
+        lambda b, n, d, h: tuple(x // 2 for x in _split(b, n, d, h)),
+        "you counted multiply-adds: each multiply-add is 2 FLOPs (one multiply, one add)",
+    ),
+    Mistake(
+        "no W_O",
+        lambda b, n, d, h: (6 * b * n * d * d, _split(b, n, d, h)[1]),
+        "the projections miss one matrix: count W_Q, W_K, W_V *and* the output projection W_O "
+        "(4 of d×d, 2·B·L·d² FLOPs each)",
+    ),
+    Mistake(
+        "only QK^T",
+        lambda b, n, d, h: (_split(b, n, d, h)[0], 2 * b * n * n * d),
+        "the scores count only Q Kᵀ: the weights @ V product costs as much again (2·B·L²·d each)",
+    ),
+    Mistake(
+        "times h",
+        lambda b, n, d, h: (_split(b, n, d, h)[0], h * _split(b, n, d, h)[1]),
+        "you multiplied by h as if every head were d_model wide: each head is d_head = d/h wide, "
+        "so the h heads together cost the same as one d-wide head",
+    ),
+    Mistake(
+        "projections times h",
+        lambda b, n, d, h: (h * _split(b, n, d, h)[0], _split(b, n, d, h)[1]),
+        "you multiplied the projections by h: all heads' W_Q together are one d×d matrix "
+        "(h blocks of d×d_head), so the projections do not depend on h",
+    ),
+    Mistake(
+        "one head",
+        lambda b, n, d, h: (_split(b, n, d, h)[0], 4 * b * n * n * (d // h)),
+        "the scores are those of one head (4·B·L²·d_head): add up all h heads (h·d_head = d)",
+    ),
+    Mistake(
+        "L not squared",
+        lambda b, n, d, h: (_split(b, n, d, h)[0], 4 * b * n * d),
+        "the scores grow with L², not L: each head's score matrix is L×L (every query meets every key)",
+    ),
+    Mistake(
+        "no batch",
+        lambda b, n, d, h: _split(1, n, d, h),
+        "you left out the batch: every one of the B sequences costs the same again",
+    ),
+]
+
+
 def attention_flops_split(fn):
     """Check ``fn(batch, seq_len, d_model, num_heads) -> (projection_flops, score_flops)``.
 
@@ -26,62 +78,12 @@ def attention_flops_split(fn):
         Case((1, 1, 512, 8), description="a single token"),
         Case((2, 16, 96, 1), description="one wide head"),
     ]
-    mistakes = [
-        Mistake(
-            "swapped",
-            lambda b, n, d, h: _split(b, n, d, h)[::-1],
-            "the two numbers are swapped: return (projections, scores)",
-        ),
-        Mistake(
-            "multiply-adds",
-            lambda b, n, d, h: tuple(x // 2 for x in _split(b, n, d, h)),
-            "you counted multiply-adds: each multiply-add is 2 FLOPs (one multiply, one add)",
-        ),
-        Mistake(
-            "no W_O",
-            lambda b, n, d, h: (6 * b * n * d * d, _split(b, n, d, h)[1]),
-            "the projections miss one matrix: count W_Q, W_K, W_V *and* the output projection W_O "
-            "(4 of d×d, 2·B·L·d² FLOPs each)",
-        ),
-        Mistake(
-            "only QK^T",
-            lambda b, n, d, h: (_split(b, n, d, h)[0], 2 * b * n * n * d),
-            "the scores count only Q Kᵀ: the weights @ V product costs as much again (2·B·L²·d each)",
-        ),
-        Mistake(
-            "times h",
-            lambda b, n, d, h: (_split(b, n, d, h)[0], h * _split(b, n, d, h)[1]),
-            "you multiplied by h as if every head were d_model wide: each head is d_head = d/h wide, "
-            "so the h heads together cost the same as one d-wide head",
-        ),
-        Mistake(
-            "projections times h",
-            lambda b, n, d, h: (h * _split(b, n, d, h)[0], _split(b, n, d, h)[1]),
-            "you multiplied the projections by h: all heads' W_Q together are one d×d matrix "
-            "(h blocks of d×d_head), so the projections do not depend on h",
-        ),
-        Mistake(
-            "one head",
-            lambda b, n, d, h: (_split(b, n, d, h)[0], 4 * b * n * n * (d // h)),
-            "the scores are those of one head (4·B·L²·d_head): add up all h heads (h·d_head = d)",
-        ),
-        Mistake(
-            "L not squared",
-            lambda b, n, d, h: (_split(b, n, d, h)[0], 4 * b * n * d),
-            "the scores grow with L², not L: each head's score matrix is L×L (every query meets every key)",
-        ),
-        Mistake(
-            "no batch",
-            lambda b, n, d, h: _split(1, n, d, h),
-            "you left out the batch: every one of the B sequences costs the same again",
-        ),
-    ]
     return run_check(
         "attention_flops_split",
         fn,
         cases,
         reference=_split,
-        mistakes=mistakes,
+        mistakes=ATTENTION_FLOPS_SPLIT_MISTAKES,
         arg_names=("batch", "seq_len", "d_model", "num_heads"),
         output_names=("projections", "scores"),
     )

@@ -62,7 +62,7 @@ def _cases() -> list[Case]:
     ]
 
 
-_MISTAKES = [
+MULTI_HEAD_ATTENTION_PER_HEAD_MISTAKES = [
     Mistake(
         "scale √d_model",
         lambda *a: _variant(*a, scale="model"),
@@ -110,7 +110,7 @@ def multi_head_attention_per_head(fn) -> CheckResult:
         fn,
         _cases(),
         _reference,
-        _MISTAKES,
+        MULTI_HEAD_ATTENTION_PER_HEAD_MISTAKES,
         arg_names=("x", "w_q", "w_k", "w_v", "w_o"),
         output_label="out",
     )

@@ -64,7 +64,7 @@ def _cases() -> list[Case]:
     ]
 
 
-_MISTAKES = [
+ABLATE_HEADS_MISTAKES = [
     Mistake(
         "inverted",
         lambda *a: _variant(*a, how="inverted"),
@@ -126,7 +126,7 @@ def ablate_heads(fn) -> CheckResult:
         fn,
         _cases(),
         _reference,
-        _MISTAKES,
+        ABLATE_HEADS_MISTAKES,
         arg_names=("head_outputs", "w_o", "b_o", "heads"),
         output_label="out",
     )

@@ -1,13 +1,20 @@
-"""Checker for notebook 09's exercise: the online-softmax update at the heart of tiled attention."""
+"""Checkers for notebook 09's exercises: the online-softmax update at the heart of tiled attention,
+and the tiled attention loop itself (equal to the reference, and never holding the L × L scores)."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from .. import validation
+from ..attention import scaled_dot_product_attention as _full_attention
+from ..kit.memory import peak_memory
 from ..tiled import online_softmax_update as _reference
-from .framework import Case, Mistake, run_check, tensor_generator
+from ..tiled import tiled_attention as _tiled_reference
+from .framework import Case, CheckResult, Mistake, run_check, tensor_generator
 
-__all__ = ["online_softmax_update"]
+__all__ = ["online_softmax_update", "tiled_attention"]
 
 _INF = float("-inf")
 
@@ -92,6 +99,56 @@ def _cases():
     return cases
 
 
+ONLINE_SOFTMAX_UPDATE_MISTAKES = [
+    Mistake(
+        "acc not rescaled",
+        lambda *a: _variant(*a, rescale_acc=False),
+        "acc was not rescaled: multiply the old acc by exp(m - m_new) before adding this block's p @ v "
+        "(it was summed relative to the old max)",
+    ),
+    Mistake(
+        "row_sum not rescaled",
+        lambda *a: _variant(*a, rescale_sum=False),
+        "row_sum was not rescaled: multiply the old row_sum by exp(m - m_new) before adding this block's sum",
+    ),
+    Mistake(
+        "nothing rescaled",
+        lambda *a: _variant(*a, rescale_sum=False, rescale_acc=False),
+        "neither row_sum nor acc was rescaled: both were summed relative to the old max, so multiply both "
+        "by exp(m - m_new) when the max changes",
+    ),
+    Mistake(
+        "inverted rescale",
+        lambda *a: _variant(*a, sign=-1),
+        "the rescaling factor is inverted: use exp(m - m_new) (≤ 1, it shrinks the old terms), not exp(m_new - m)",
+    ),
+    Mistake(
+        "block max only",
+        lambda *a: _variant(*a, block_max_only=True),
+        "the new max must be the larger of the running max and this block's max "
+        "(torch.maximum(row_max, scores.amax(-1, keepdim=True))), not this block's max alone",
+    ),
+    Mistake(
+        "normalised",
+        lambda *a: _variant(*a, normalise=True),
+        "acc is divided by row_sum: keep acc unnormalised (a running sum) and divide by row_sum "
+        "once, after the last block",
+    ),
+    Mistake(
+        "no max subtracted",
+        lambda *a: _variant(*a, subtract_max=False),
+        "the scores were exponentiated without subtracting the max: use exp(scores - m_new), and "
+        "rescale the old row_sum and acc by exp(m - m_new) — that is what keeps exp from overflowing",
+    ),
+    Mistake(
+        "no -inf guard",
+        lambda *a: _variant(*a, guard=False),
+        "NaN for a row whose scores are all -inf so far: there m_new = -inf and exp(-inf - (-inf)) "
+        "is NaN; subtract 0 instead of m_new in such rows (m_new.masked_fill(m_new == -inf, 0))",
+    ),
+]
+
+
 def online_softmax_update(fn):
     """Check ``fn(row_max, row_sum, acc, scores, v) -> (row_max, row_sum, acc)`` updated.
 
@@ -100,60 +157,186 @@ def online_softmax_update(fn):
     (-inf where masked); v: (..., Bk, d_v). A row with only -inf so far must keep m = -inf,
     ℓ = 0, acc = 0 (no NaN).
     """
-    mistakes = [
-        Mistake(
-            "acc not rescaled",
-            lambda *a: _variant(*a, rescale_acc=False),
-            "acc was not rescaled: multiply the old acc by exp(m - m_new) before adding this block's p @ v "
-            "(it was summed relative to the old max)",
-        ),
-        Mistake(
-            "row_sum not rescaled",
-            lambda *a: _variant(*a, rescale_sum=False),
-            "row_sum was not rescaled: multiply the old row_sum by exp(m - m_new) before adding this block's sum",
-        ),
-        Mistake(
-            "nothing rescaled",
-            lambda *a: _variant(*a, rescale_sum=False, rescale_acc=False),
-            "neither row_sum nor acc was rescaled: both were summed relative to the old max, so multiply both "
-            "by exp(m - m_new) when the max changes",
-        ),
-        Mistake(
-            "inverted rescale",
-            lambda *a: _variant(*a, sign=-1),
-            "the rescaling factor is inverted: use exp(m - m_new) (≤ 1, it shrinks the old terms), not exp(m_new - m)",
-        ),
-        Mistake(
-            "block max only",
-            lambda *a: _variant(*a, block_max_only=True),
-            "the new max must be the larger of the running max and this block's max "
-            "(torch.maximum(row_max, scores.amax(-1, keepdim=True))), not this block's max alone",
-        ),
-        Mistake(
-            "normalised",
-            lambda *a: _variant(*a, normalise=True),
-            "acc is divided by row_sum: keep acc unnormalised (a running sum) and divide by row_sum "
-            "once, after the last block",
-        ),
-        Mistake(
-            "no max subtracted",
-            lambda *a: _variant(*a, subtract_max=False),
-            "the scores were exponentiated without subtracting the max: use exp(scores - m_new), and "
-            "rescale the old row_sum and acc by exp(m - m_new) — that is what keeps exp from overflowing",
-        ),
-        Mistake(
-            "no -inf guard",
-            lambda *a: _variant(*a, guard=False),
-            "NaN for a row whose scores are all -inf so far: there m_new = -inf and exp(-inf - (-inf)) "
-            "is NaN; subtract 0 instead of m_new in such rows (m_new.masked_fill(m_new == -inf, 0))",
-        ),
-    ]
     return run_check(
         "online_softmax_update",
         fn,
         _cases(),
         reference=_reference,
-        mistakes=mistakes,
+        mistakes=ONLINE_SOFTMAX_UPDATE_MISTAKES,
         arg_names=("row_max", "row_sum", "acc", "scores", "v"),
         output_names=("row_max", "row_sum", "acc"),
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# tiled_attention(q, k, v, mask=None, *, block_size=64) -> out
+
+
+def _tiled_variant(
+    q,
+    k,
+    v,
+    mask=None,
+    *,
+    block_size=64,
+    scaled=True,
+    drop_last="",
+    mask_mode="allowed",
+    guard=True,
+    per_tile_softmax=False,
+):
+    """The tiled loop with one deliberate change (the reference when every flag is at its default)."""
+    *batch, Lq, Lk = validation.attention_inputs(q, k, v, mask)  # the shape of the scores
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scaled else 1.0
+    if mask is not None:
+        mask = torch.broadcast_to(mask, (*batch, Lq, Lk))
+    q, k, v = (t.expand(*batch, *t.shape[-2:]) for t in (q, k, v))
+    out = q.new_zeros((*batch, Lq, v.shape[-1]))
+    q_stop = Lq // block_size * block_size if drop_last in ("queries", "both") else Lq
+    k_stop = Lk // block_size * block_size if drop_last in ("keys", "both") else Lk
+    for i in range(0, q_stop, block_size):
+        qi = q[..., i : i + block_size, :] * scale
+        state = (
+            qi.new_full((*qi.shape[:-1], 1), _INF),
+            qi.new_zeros((*qi.shape[:-1], 1)),
+            qi.new_zeros((*qi.shape[:-1], v.shape[-1])),
+        )
+        direct = qi.new_zeros((*qi.shape[:-1], v.shape[-1]))
+        for j in range(0, k_stop, block_size):
+            s = qi @ k[..., j : j + block_size, :].transpose(-2, -1)
+            if mask is not None and mask_mode != "ignored":
+                tile = mask[..., i : i + block_size, j : j + block_size]
+                s = s.masked_fill(tile if mask_mode == "inverted" else ~tile, _INF)
+            if per_tile_softmax:
+                direct = direct + torch.softmax(s, dim=-1).nan_to_num(0.0) @ v[..., j : j + block_size, :]
+            else:
+                state = _reference(*state, s, v[..., j : j + block_size, :])
+        _, row_sum, acc = state
+        if per_tile_softmax:
+            out[..., i : i + block_size, :] = direct
+        elif guard:
+            out[..., i : i + block_size, :] = torch.where(row_sum > 0, acc / row_sum, 0.0)
+        else:
+            out[..., i : i + block_size, :] = acc / row_sum
+    return out
+
+
+def _tiled_cases():
+    g = tensor_generator()
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g)
+
+    lengths = torch.tensor([9, 0])  # the second sequence is all padding: its rows attend to nothing
+    padding = (torch.arange(9)[None, :] < lengths[:, None])[:, None, None, :]  # (2, 1, 1, 9)
+    causal = torch.ones(12, 12, dtype=torch.bool).tril()
+    return [
+        Case((randn(8, 4), randn(8, 4), randn(8, 3)), {"block_size": 4}, description="8 × 8, blocks of 4"),
+        Case((randn(10, 4), randn(10, 4), randn(10, 2)), {"block_size": 4}, description="L = 10, blocks of 4"),
+        Case((randn(12, 8), randn(12, 8), randn(12, 8), causal), {"block_size": 4}, description="causal mask"),
+        Case(
+            (randn(2, 3, 5, 4), randn(2, 3, 9, 4), randn(2, 3, 9, 6), padding),
+            {"block_size": 3},
+            description="batch (2, 3), Lq = 5, Lk = 9, padding mask, a fully padded sequence",
+        ),
+        Case((randn(2, 6, 4), randn(2, 6, 4), randn(2, 6, 4)), {"block_size": 64}, description="block > L"),
+    ]
+
+
+TILED_ATTENTION_MISTAKES = [
+    Mistake(
+        "no scale",
+        lambda *a, **kw: _tiled_variant(*a, **kw, scaled=False),
+        "the scores are not scaled: multiply them (or the queries) by 1/√d_k, with d_k = q.shape[-1]",
+    ),
+    *(
+        Mistake(
+            name,
+            lambda *a, _which=which, **kw: _tiled_variant(*a, **kw, drop_last=_which),
+            "the last, shorter block is skipped when the block size does not divide the length: step through "
+            "range(0, L, block_size) and let the last slice be shorter",
+        )
+        for name, which in [
+            ("last block dropped", "both"),
+            ("last key block dropped", "keys"),
+            ("last query block dropped", "queries"),
+        ]
+    ),
+    Mistake(
+        "mask ignored",
+        lambda *a, **kw: _tiled_variant(*a, **kw, mask_mode="ignored"),
+        "the mask is not applied: in each tile, set the scores of blocked keys (mask False) to -inf",
+    ),
+    Mistake(
+        "mask inverted",
+        lambda *a, **kw: _tiled_variant(*a, **kw, mask_mode="inverted"),
+        "the mask is inverted: True means the query MAY attend, so the -inf goes where the mask is False",
+    ),
+    Mistake(
+        "per-tile softmax",
+        lambda *a, **kw: _tiled_variant(*a, **kw, per_tile_softmax=True),
+        "each tile is normalised on its own: a softmax over one block of keys is not the softmax over all "
+        "keys — carry the running max, sum and unnormalised output across blocks, divide once at the end",
+    ),
+    Mistake(
+        "NaN for a row with no allowed key",
+        lambda *a, **kw: _tiled_variant(*a, **kw, guard=False),
+        "a query row with no allowed key gives NaN (0 / 0): its output must be 0 — its running sum is 0, "
+        "so test for that before dividing",
+    ),
+    Mistake(
+        "materialises the score matrix",
+        lambda q, k, v, mask=None, **kw: _full_attention(q, k, v, mask)[0],
+        "right values, but the whole (Lq, Lk) score matrix was held in memory at once: compute one "
+        "(block × block) tile of scores at a time, fold it into the running state and let it go",
+    ),
+]
+
+#: the memory probe: one sequence long enough that its score matrix dwarfs a tile
+_PROBE_L, _PROBE_BLOCK, _PROBE_D = 256, 32, 8
+
+
+def _holds_score_matrix(fn) -> tuple[bool, int, int]:
+    """Run ``fn`` once on a (256, 8) q, k, v with blocks of 32 and measure its peak memory:
+    ``(too_much, peak_bytes, one_score_matrix_bytes)``; too much is 3/4 of one score matrix or more."""
+    g = tensor_generator()
+    q, k, v = (torch.randn(_PROBE_L, _PROBE_D, generator=g) for _ in range(3))
+    with torch.no_grad():
+        peak = peak_memory(lambda: fn(q, k, v, block_size=_PROBE_BLOCK))
+    scores = _PROBE_L * _PROBE_L * 4
+    return peak >= scores * 3 // 4, peak, scores
+
+
+def tiled_attention(fn) -> CheckResult:
+    """Check ``fn(q, k, v, mask=None, *, block_size=64) -> out``: softmax(q kᵀ/√d_k) v computed one
+    (block_size × block_size) tile of scores at a time.
+
+    q (..., Lq, d_k), k (..., Lk, d_k), v (..., Lk, d_v), leading dims broadcast; mask bool,
+    broadcastable to (..., Lq, Lk), True = may attend; out (..., Lq, d_v), 0 for a query with no
+    allowed key. Besides the values, one call at L = 256 (blocks of 32) is measured: its peak
+    memory must stay below three quarters of one 256 × 256 score matrix.
+    """
+    result = run_check(
+        "tiled_attention",
+        fn,
+        _tiled_cases(),
+        reference=_tiled_reference,
+        mistakes=TILED_ATTENTION_MISTAKES,
+        arg_names=("q", "k", "v", "mask"),
+        output_label="out",
+    )
+    if not result.passed:
+        return result
+    try:
+        too_much, peak, scores = _holds_score_matrix(fn)
+    except Exception as exc:  # noqa: BLE001 - report, never raise
+        return CheckResult(False, f"tiled_attention: raised {type(exc).__name__} at L = {_PROBE_L}: {exc}")
+    if too_much:
+        diagnosis = next(m.diagnosis for m in TILED_ATTENTION_MISTAKES if m.name == "materialises the score matrix")
+        return CheckResult(
+            False,
+            f"tiled_attention: likely mistake — {diagnosis}",
+            f"L = {_PROBE_L}, block_size = {_PROBE_BLOCK}: peak {peak / 2**10:,.0f} KiB, "
+            f"one score matrix {scores / 2**10:,.0f} KiB",
+        )
+    return CheckResult(True, result.message + f"; at L = {_PROBE_L} it never held the {_PROBE_L} × {_PROBE_L} scores")

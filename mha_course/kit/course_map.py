@@ -62,6 +62,17 @@ NOTEBOOKS: list[tuple[str, str, str]] = [
         "Transformer block and debugging",
         "An encoder block = nn.TransformerEncoderLayer; permutation equivariance; diagnosing broken attention.",
     ),
+    (
+        "11_positions_and_rope",
+        "Positions and RoPE",
+        "Learned, sinusoidal, ALiBi and RoPE under one test; RoPE's layouts and the KV cache; "
+        "a Llama decoder = transformers' LlamaForCausalLM.",
+    ),
+    (
+        "12_beyond_gqa",
+        "Beyond GQA",
+        "Latent attention (DeepSeek), sliding windows with sinks, paged and int8 caches — each proven and measured.",
+    ),
 ]
 
 #: (symbol, meaning) — used identically in every notebook and in the package

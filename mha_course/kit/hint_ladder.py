@@ -33,15 +33,16 @@ def load(notebook: str) -> dict:
 
 def validate(ladders: dict) -> list[str]:
     """Problems with a hints file's structure (empty when it is fine)."""
-    problems = []
-    for number, entry in ladders.items():
+
+    def problem(number, entry) -> str | None:
         if not isinstance(entry, dict) or not entry.get("function"):
-            problems.append(f"{number}: needs a 'function'")
-            continue
-        ladder = entry.get("ladder", [])
-        if len(ladder) < 3 or not all(isinstance(r, str) and r.strip() for r in ladder):
-            problems.append(f"{number}: needs a 'ladder' of at least 3 non-empty hints (idea, approach, near-code)")
-    return problems
+            return f"{number}: needs a 'function'"
+        rungs = entry.get("ladder", [])
+        if len(rungs) < 3 or not all(isinstance(r, str) and r.strip() for r in rungs):
+            return f"{number}: needs a 'ladder' of at least 3 non-empty hints (idea, approach, near-code)"
+        return None
+
+    return [p for p in (problem(n, e) for n, e in ladders.items()) if p]
 
 
 def ladder(exercise) -> list[str]:

@@ -13,8 +13,11 @@ relation_task      07        the two-relation address-book task
 tiny_training      07        the tiny attention model and its training loop
 head_ablation      07        removing heads, attention mass, pruning curves
 pretrained         08        all-MiniLM-L6-v2 through the course's attention
+efficient_attention 09       tile figures; the readable module made fast one change at a time
 benchmark          09        ``python -m mha_course.lessons.benchmark``: the library against PyTorch
 diagnostics        10        per-head entropy, head similarity, NaN finder, causal leakage
 symptoms           10        the troubleshooting gallery: each symptom reproduced and fixed
+positions_lab      11        shift/order experiments per position scheme, RoPE decoding bugs, SmolLM2 loader
+beyond_gqa         12        cache-size tables, stacked windows, the tiny sink experiment, explorer
 =================  ========  ===========================================================
 """

@@ -15,7 +15,8 @@ import torch
 from .. import validation
 from ..accounting import kv_cache_bytes
 from ..configs import MODEL_CONFIGS
-from ..gqa import GroupedQueryAttention, KVCache, repeat_kv
+from ..gqa import GroupedQueryAttention, repeat_kv
+from ..kv_cache import KVCache
 
 GIB = 2**30  # bytes in a GiB
 
@@ -118,15 +119,15 @@ def draw_cache_explorer(
 
 
 @torch.no_grad()
-def decode(layer: GroupedQueryAttention, x, *, prompt_len: int = 1, use_cache: bool = True):
+def decode(layer: GroupedQueryAttention, x, *, prompt_len: int = 1, use_cache: bool = True, preallocate: bool = False):
     """Causal self-attention computed the way a decoder generates: positions [0, prompt_len) in
     one call (the prefill), then one new position per step.
 
     x (B, L, d_model) -> out (B, L, d_model), equal to ``layer(x, is_causal=True)``.
     ``use_cache=True``: each step feeds only the new position; its K/V are appended to a KVCache
-    and the query attends to everything cached. ``use_cache=False``: each step re-runs the layer
-    on the whole prefix x[:, :t+1] and keeps the new rows. Returns (out, cache); cache is None
-    without one.
+    and the query attends to everything cached (``preallocate=True``: a KVCache with max_length=L,
+    written in place). ``use_cache=False``: each step re-runs the layer on the whole prefix
+    x[:, :t+1] and keeps the new rows. Returns (out, cache); cache is None without one.
     """
     if not isinstance(layer, GroupedQueryAttention):
         raise TypeError(f"layer must be a GroupedQueryAttention, got {type(layer).__name__}")
@@ -135,10 +136,10 @@ def decode(layer: GroupedQueryAttention, x, *, prompt_len: int = 1, use_cache: b
     validation.positive_int("prompt_len", prompt_len)
     if prompt_len > L:
         raise ValueError(f"prompt_len={prompt_len} is longer than the sequence, x has L={L}")
-    cache = KVCache() if use_cache else None
+    cache = (KVCache(max_length=L) if preallocate else KVCache()) if use_cache else None
     outs = []
     for start, end in [(0, prompt_len)] + [(t, t + 1) for t in range(prompt_len, L)]:
-        if use_cache:  # a single newest query may see every cached key, so it needs no mask
+        if use_cache:  # one newest query may see every cached key: no mask (without padding)
             out, _ = layer(x[:, start:end], cache=cache, is_causal=end - start > 1, need_weights=False)
         else:
             out, _ = layer(x[:, :end], is_causal=True, need_weights=False)  # (B, end, d_model)
@@ -147,21 +148,63 @@ def decode(layer: GroupedQueryAttention, x, *, prompt_len: int = 1, use_cache: b
     return torch.cat(outs, dim=1), cache  # (B, L, d_model)
 
 
-def decode_step(layer: GroupedQueryAttention, new, cache: KVCache):
+def decode_step(layer: GroupedQueryAttention, new, cache: KVCache, *, preallocated: bool = False):
     """A function that runs one cached decode step of ``layer``, for timing: the token ``new``
     (B, 1, d_model) attends to the positions ``cache`` holds now, plus itself. ``cache`` is left
-    unchanged, so every call does the same work. The function returns out (B, 1, d_model)."""
+    unchanged, so every call does the same work. The function returns out (B, 1, d_model).
+
+    ``preallocated=False``: a growing cache, whose update concatenates — the step copies all
+    T + 1 positions' K and V. ``preallocated=True``: a cache with room for T + 1 positions (filled
+    once, before timing); the step writes the new position in place and reads views."""
     if not isinstance(layer, GroupedQueryAttention):
         raise TypeError(f"layer must be a GroupedQueryAttention, got {type(layer).__name__}")
     validation.tensor("new", new, dims=3, floating=True)
     if not isinstance(cache, KVCache) or cache.length == 0:
         raise ValueError("cache must be a KVCache that already holds some positions")
     keys, values = cache.keys, cache.values  # (B, h_kv, T, head_dim)
+    T = cache.length
+    room = KVCache(max_length=T + 1)
+    room.update(keys, values)  # copied once, here, not in the timed step
 
     @torch.no_grad()
     def step():
+        if preallocated:
+            room.crop(T)  # forget the previous call's new position: the same T at every call
+            return layer(new, cache=room, need_weights=False)[0]  # (B, 1, d_model)
         fresh = KVCache()
         fresh.update(keys, values)  # the same T cached positions at every call (stored, not copied)
         return layer(new, cache=fresh, need_weights=False)[0]  # (B, 1, d_model)
 
     return step
+
+
+def bytes_written(fn) -> int:
+    """Run ``fn()`` and return how many bytes its PyTorch operations wrote: the outputs of every
+    operation that creates tensors, plus the target of every in-place write (``copy_`` into a
+    slice counts the slice). Views write nothing and count 0. Counted from the operations that
+    ran (aten dispatch), not timed — the same on every machine."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    def nbytes(t) -> int:
+        return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+    total = 0
+
+    class _Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            nonlocal total
+            out = func(*args, **(kwargs or {}))
+            if func.is_view:
+                return out
+            if func._schema.is_mutable:  # in place / out=: the written argument(s)
+                written = [a for a, spec in zip(args, func._schema.arguments, strict=False) if spec.is_write]
+                written += [v for k, v in (kwargs or {}).items() if k == "out"]
+                total += sum(nbytes(t) for t in written)
+            else:
+                outs = out if isinstance(out, (tuple, list)) else (out,)
+                total += sum(nbytes(t) for t in outs)
+            return out
+
+    with _Count():
+        fn()
+    return total

@@ -8,8 +8,6 @@ they show exactly what ``view``/``transpose`` do to memory, not a formula about 
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 
 import matplotlib.pyplot as plt
@@ -153,27 +151,75 @@ def kernels_called(fn: Callable[[], object], *, keep: tuple[str, ...] | None = A
     return [n for n in names if keep is None or n in keep]
 
 
-def median_times(
-    fns: dict[str, Callable[[], object]], *, repeats: int = 5, warmup: int = 1, num_threads: int | None = None
-) -> dict[str, float]:
-    """Median wall time in seconds of each ``fns[name]()``, timed round-robin (one call of each
-    per round, after ``warmup`` untimed rounds) so that a change in machine load hits all alike.
-    ``num_threads`` sets torch's intra-op threads for the measurement (restored afterwards).
-    Compare the results as ratios from one run, never as absolute numbers."""
-    validation.positive_int("repeats", repeats)
-    previous = torch.get_num_threads()
-    if num_threads is not None:
-        torch.set_num_threads(validation.positive_int("num_threads", num_threads))
-    try:
-        for _ in range(warmup):
-            for fn in fns.values():
-                fn()
-        times: dict[str, list[float]] = {name: [] for name in fns}
-        for _ in range(repeats):
-            for name, fn in fns.items():
-                start = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - start)
-    finally:
-        torch.set_num_threads(previous)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+def kernels_inside(fn: Callable[[], object], *, keep: tuple[str, ...] | None = ATTENTION_KERNELS) -> list[str]:
+    """Like :func:`kernels_called`, but also the kernels that run *inside* other kernels, as
+    PyTorch's profiler records them: ``_native_multi_head_attention`` is one call at the
+    dispatcher, and this shows what it runs (e.g. ``bmm, _softmax, bmm``)."""
+    from ..kit.memory import quiet_c_stderr
+
+    with quiet_c_stderr(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    names = [e.name.removeprefix("aten::") for e in prof.events() if e.name.startswith("aten::")]
+    return [n for n in names if keep is None or n in keep]
+
+
+#: the float64-reference bounds of :func:`dtype_errors`, with about 10x margin over this course's
+#: measurements (outputs of size about 0.5): what a test comparing two implementations should use
+DTYPE_BOUNDS = {torch.float64: 1e-14, torch.float32: 1e-6, torch.float16: 3e-3, torch.bfloat16: 3e-2}
+
+
+def reference_attention_float64(mha, x) -> torch.Tensor:
+    """Self-attention of ``mha`` (a mha_course.MultiHeadAttention) on ``x`` (B, L, d_model),
+    computed in float64 from the formula, one head at a time, independently of the module's forward."""
+    x = x.double()
+    h, d_head = mha.num_heads, mha.d_head
+    proj = {n: (getattr(mha, f"{n}_proj").weight.double(), getattr(mha, f"{n}_proj").bias) for n in "qkv"}
+    heads = []
+    for i in range(h):
+        rows = slice(i * d_head, (i + 1) * d_head)
+        q, k, v = (
+            x @ w[rows].T + (0 if b is None else b.double()[rows]) for w, b in proj.values()
+        )  # (B, L, d_head) each
+        weights = torch.softmax(q @ k.transpose(1, 2) / d_head**0.5, dim=-1)  # (B, L, L)
+        heads.append(weights @ v)  # (B, L, d_head)
+    out_w, out_b = mha.out_proj.weight.double(), mha.out_proj.bias
+    return torch.cat(heads, dim=-1) @ out_w.T + (0 if out_b is None else out_b.double())  # (B, L, d_model)
+
+
+@torch.no_grad()
+def dtype_errors(mha, x, dtypes=tuple(DTYPE_BOUNDS)) -> dict[torch.dtype, dict[str, float]]:
+    """Max abs error against :func:`reference_attention_float64` of the course's
+    MultiHeadAttention and of nn.MultiheadAttention (same weights), each run in every dtype:
+    {dtype: {"course": error, "torch": error}}."""
+    reference = reference_attention_float64(mha, x)
+    torch_mha = mha.to_torch().eval()
+    errors = {}
+    for dtype in dtypes:
+        xd = x.to(dtype)
+        ours = mha.to(dtype)(xd, need_weights=False)[0]
+        theirs = torch_mha.to(dtype)(xd, xd, xd, need_weights=False)[0]
+        errors[dtype] = {
+            n: (o.double() - reference).abs().max().item() for n, o in (("course", ours), ("torch", theirs))
+        }
+    mha.to(x.dtype)
+    torch_mha.to(x.dtype)
+    return errors
+
+
+def cpu_caches() -> str:
+    """This machine's CPU caches as one line, e.g. "L1d 48 KiB, L2 2 MiB, L3 32 MiB (per core or
+    shared, as Linux reports them for CPU 0)", read from /sys; "unknown" where /sys does not say."""
+    from pathlib import Path
+
+    parts = []
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            level, kind, size = ((index / name).read_text().strip() for name in ("level", "type", "size"))
+        except OSError:
+            continue
+        if kind == "Instruction":
+            continue
+        label = f"L{level}" + ("d" if kind == "Data" else "")
+        kib = int(size[:-1]) * (1024 if size.endswith("M") else 1) if size[-1] in "KM" else int(size) // 1024
+        parts.append(f"{label} {kib // 1024} MiB" if kib >= 1024 and kib % 1024 == 0 else f"{label} {kib} KiB")
+    return ", ".join(parts) if parts else "unknown"

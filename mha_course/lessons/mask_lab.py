@@ -26,6 +26,8 @@ from collections.abc import Callable
 
 import matplotlib.pyplot as plt
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from .. import validation
 from ..attention import scaled_dot_product_attention
@@ -99,6 +101,54 @@ def course_to_key_padding(mask: torch.Tensor) -> torch.Tensor:
     if mask.shape[1:3] != (1, 1):
         raise ValueError(f"mask must be a padding mask of shape (B, 1, 1, Lk), got {tuple(mask.shape)}")
     return convert(mask[:, 0, 0, :], "course", "torch_mha")  # (B, Lk)
+
+
+def leaks(fn: Callable, x: torch.Tensor, *, dim: int = 1) -> bool:
+    """True if some output position of ``fn(x)`` depends on a later input position (a
+    :func:`leakage` above 0 for some t)."""
+    return any(leakage(fn, x, t, dim=dim) > 0 for t in range(x.shape[dim] - 1))
+
+
+# ---------------------------------------------------------------------------------------------
+# The source tutorial's encoder layer, as it is written there, and the fix
+# ---------------------------------------------------------------------------------------------
+
+
+class SeedEncoderLayer(nn.Module):
+    """The source tutorial's ``TransformerEncoderLayer``, line for line: post-norm, built on
+    ``nn.MultiheadAttention`` in its default sequence-first layout, (L, B, d_model). Its
+    ``forward`` accepts ``src_mask`` — and never passes it on."""
+
+    def __init__(self, d_model=512, num_heads=8, d_ff=2048, dropout=0.1):
+        super().__init__()
+        self.self_attn = nn.MultiheadAttention(d_model, num_heads, dropout=dropout)
+        self.linear1 = nn.Linear(d_model, d_ff)
+        self.linear2 = nn.Linear(d_ff, d_model)
+        self.norm1 = nn.LayerNorm(d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
+
+    def forward(self, src, src_mask=None):
+        attn_out, _ = self.self_attn(src, src, src)
+        src = self.norm1(src + self.dropout1(attn_out))
+        ff_out = self.linear2(F.relu(self.linear1(src)))
+        src = self.norm2(src + self.dropout2(ff_out))
+        return src
+
+
+class FixedSeedEncoderLayer(SeedEncoderLayer):
+    """The same layer with the mask passed on. ``src_mask`` is in the source's convention
+    (bool, True = may attend, as its ``create_causal_mask`` makes it); ``nn.MultiheadAttention``
+    reads True as blocked, so the mask is inverted at the call."""
+
+    def forward(self, src, src_mask=None):
+        blocked = None if src_mask is None else ~src_mask  # True = blocked, as nn.MultiheadAttention wants
+        attn_out, _ = self.self_attn(src, src, src, attn_mask=blocked)
+        src = self.norm1(src + self.dropout1(attn_out))
+        ff_out = self.linear2(F.relu(self.linear1(src)))
+        src = self.norm2(src + self.dropout2(ff_out))
+        return src
 
 
 # ---------------------------------------------------------------------------------------------

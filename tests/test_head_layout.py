@@ -12,6 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 import mha_course as mc  # noqa: E402
+from mha_course.kit import timing
 from mha_course.lessons import head_layout
 
 SHAPES = [(1, 1, 1), (4, 2, 2), (6, 2, 3), (5, 3, 4), (7, 4, 1), (3, 6, 2)]
@@ -117,23 +118,66 @@ def test_median_times_is_a_median_of_round_robin_calls():
     def fast():
         calls.append("fast")
 
-    times = head_layout.median_times({"slow": slow, "fast": fast}, repeats=3, warmup=1)
+    times = timing.median_times({"slow": slow, "fast": fast}, repeats=3, warmup=1)
     assert calls == ["slow", "fast"] * 4  # one warm-up round, then three timed rounds, interleaved
     assert 0.0009 < times["slow"] < 0.02  # median of (0.03, 0.001, 0.001) ignores the outlier
     assert times["fast"] < times["slow"]
     with pytest.raises(ValueError):
-        head_layout.median_times({"f": fast}, repeats=0)
+        timing.median_times({"f": fast}, repeats=0)
 
 
 def test_median_times_sets_and_restores_threads():
     before = torch.get_num_threads()
     seen = []
-    head_layout.median_times({"f": lambda: seen.append(torch.get_num_threads())}, repeats=2, num_threads=1)
+    timing.median_times({"f": lambda: seen.append(torch.get_num_threads())}, repeats=2, num_threads=1)
     assert seen == [1, 1, 1] and torch.get_num_threads() == before
 
     def boom():
         raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError):
-        head_layout.median_times({"f": boom}, num_threads=1)
+        timing.median_times({"f": boom}, num_threads=1)
     assert torch.get_num_threads() == before
+
+
+def test_cpu_caches_reads_sys_or_says_unknown():
+    from mha_course.lessons.head_layout import cpu_caches
+
+    line = cpu_caches()
+    assert line == "unknown" or line.startswith("L1")
+    assert "Instruction" not in line
+
+
+@torch.no_grad()
+def test_kernels_inside_sees_what_the_fast_path_runs():
+    from mha_course.lessons import head_layout as hl
+
+    m = torch.nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    x = torch.randn(2, 5, 16)
+    assert hl.kernels_called(lambda: m(x, x, x, need_weights=False)) == ["_native_multi_head_attention"]
+    assert hl.kernels_inside(lambda: m(x, x, x, need_weights=False)) == [
+        "_native_multi_head_attention",
+        "bmm",
+        "_softmax",
+        "bmm",
+    ]
+    y = x.clone()
+    assert hl.kernels_inside(lambda: m(x, y, y, need_weights=False)) == ["_scaled_dot_product_flash_attention_for_cpu"]
+
+
+@torch.no_grad()
+def test_float64_reference_and_dtype_errors_stay_under_the_bounds():
+    from mha_course.lessons import head_layout as hl
+
+    torch.manual_seed(0)
+    m = mc.MultiHeadAttention(32, 4).eval()
+    x = torch.randn(2, 9, 32)
+    reference = hl.reference_attention_float64(m, x)
+    theirs = m.to_torch().double()(x.double(), x.double(), x.double(), need_weights=False)[0]
+    torch.testing.assert_close(reference, theirs, atol=1e-12, rtol=1e-12)  # an independent float64 check
+    errors = hl.dtype_errors(m, x)
+    assert list(errors) == list(hl.DTYPE_BOUNDS)
+    for dtype, by_impl in errors.items():
+        assert by_impl["course"] < hl.DTYPE_BOUNDS[dtype] and by_impl["torch"] < hl.DTYPE_BOUNDS[dtype], dtype
+    assert errors[torch.bfloat16]["course"] > errors[torch.float32]["course"] > errors[torch.float64]["course"]
+    assert m.q_proj.weight.dtype == torch.float32  # the module is left in its own dtype

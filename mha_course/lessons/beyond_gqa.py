@@ -1,0 +1,334 @@
+"""Notebook 12 (beyond GQA): cache-size tables, the receptive field of stacked windows, the tiny
+model for the window-and-sinks experiment, and the explorer's figure.
+
+Per-token cache sizes of the schemes the notebook compares (one layer, elements):
+MHA / GQA / MQA: 2 · h_kv · head_dim;  MLA: kv_lora_rank + qk_rope_head_dim;
+window + sinks: like its base scheme, but for at most num_sinks + window tokens.
+"""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import validation
+from ..block import Encoder
+from ..cache_schemes import sink_window_mask
+from ..configs import LATENT_MODEL_CONFIGS, MODEL_CONFIGS, ModelConfig
+from .tiny_training import fixed_threads
+
+GIB, KIB = 2**30, 2**10
+SCHEMES = ("MHA", "GQA", "MQA", "MLA", "window + sinks")
+
+
+def all_configs() -> dict[str, ModelConfig]:
+    """MODEL_CONFIGS and LATENT_MODEL_CONFIGS together (name -> ModelConfig)."""
+    return {**MODEL_CONFIGS, **LATENT_MODEL_CONFIGS}
+
+
+def cache_elements_per_token(scheme: str, *, num_kv_heads: int, head_dim: int, kv_lora_rank=512, rope_dim=64) -> int:
+    """Numbers cached per token and layer by ``scheme`` ("MHA"/"GQA"/"MQA" use num_kv_heads as given)."""
+    if scheme in ("MHA", "GQA", "MQA", "window + sinks"):
+        return 2 * num_kv_heads * head_dim
+    if scheme == "MLA":
+        return kv_lora_rank + rope_dim
+    raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+
+
+def cached_tokens(scheme: str, context_len: int, *, window: int, num_sinks: int) -> int:
+    """Tokens a scheme keeps at ``context_len``: all of them, or at most num_sinks + window."""
+    return min(context_len, num_sinks + window) if scheme == "window + sinks" else context_len
+
+
+def scheme_cache_bytes(
+    cfg: ModelConfig,
+    scheme: str,
+    context_len: int,
+    *,
+    num_kv_heads=None,
+    kv_lora_rank=512,
+    rope_dim=64,
+    window=4096,
+    num_sinks=4,
+    block_size=1,
+    bytes_per_element=2,
+) -> int:
+    """Cache bytes of one sequence for ``cfg``'s layers and head_dim under ``scheme``; tokens are
+    stored in whole blocks of ``block_size`` (1 = no rounding)."""
+    h_kv = {"MHA": cfg.num_heads, "MQA": 1}.get(scheme, num_kv_heads or cfg.num_kv_heads)
+    per_token = cache_elements_per_token(
+        scheme, num_kv_heads=h_kv, head_dim=cfg.head_dim, kv_lora_rank=kv_lora_rank, rope_dim=rope_dim
+    )
+    tokens = cached_tokens(scheme, context_len, window=window, num_sinks=num_sinks)
+    tokens = math.ceil(tokens / block_size) * block_size
+    return cfg.num_layers * per_token * tokens * bytes_per_element
+
+
+def receptive_field(num_layers: int, window: int, seq_len: int) -> int:
+    """How many positions back the last token's output can depend on after ``num_layers``
+    sliding-window layers: composes the (seq_len, seq_len) window masks as a reachability
+    product and returns (seq_len − 1) − the earliest reachable position."""
+    mask = sink_window_mask(seq_len, window).to(torch.float64)  # (L, L): 1 = reads directly
+    reach = torch.eye(seq_len, dtype=torch.float64)
+    for _ in range(num_layers):
+        reach = ((mask @ reach) > 0).to(torch.float64)  # reachable through one more layer
+    earliest = int(torch.nonzero(reach[-1])[0])
+    return seq_len - 1 - earliest
+
+
+# ---------------------------------------------------------------------------------------------
+# the tiny language model for the window-and-sinks experiment
+
+VOCAB, BOS, SEQ_LEN = 16, 16, 48
+
+
+def markov_table(seed: int = 100) -> torch.Tensor:
+    """(V, V, V) next-token probabilities given the two previous tokens: a peaked random table."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(VOCAB, VOCAB, VOCAB, generator=g, dtype=torch.float64) * 3.0).softmax(-1)
+
+
+def sample_sequences(table: torch.Tensor, n: int, *, seed: int) -> torch.Tensor:
+    """(n, SEQ_LEN) token ids: BOS, two uniform tokens, then each token drawn from
+    ``table[previous-but-one, previous]`` — predicting a token needs the last two only."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.empty(n, SEQ_LEN, dtype=torch.long)
+    x[:, 0] = BOS
+    x[:, 1:3] = torch.randint(VOCAB, (n, 2), generator=g)
+    for t in range(3, SEQ_LEN):
+        x[:, t] = torch.multinomial(table[x[:, t - 2], x[:, t - 1]], 1, generator=g)[:, 0]
+    return x
+
+
+class TinyLM(nn.Module):
+    """Token + learned position embeddings -> a causal pre-norm stack (``mc.block.Encoder``) -> logits."""
+
+    def __init__(self, d_model: int = 32, num_heads: int = 2, num_layers: int = 2):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB + 1, d_model)
+        self.pos = nn.Parameter(0.1 * torch.randn(SEQ_LEN, d_model))
+        self.stack = Encoder(num_layers, d_model, num_heads, 4 * d_model, causal=True, norm_first=True)
+        self.head = nn.Linear(d_model, VOCAB)
+
+    def forward(self, tokens, mask=None):
+        """tokens (B, L) -> logits (B, L, V); ``mask`` (L, L) bool is ANDed with the causal mask."""
+        x = self.embed(tokens) + self.pos[: tokens.shape[1]]  # (B, L, d_model)
+        return self.head(self.stack(x, mask=mask))  # (B, L, V)
+
+
+def train_tiny_lm(*, seed: int = 0, steps: int = 250, batch_size: int = 32, lr: float = 3e-3, progress=None):
+    """Train a :class:`TinyLM` in float64 on :func:`sample_sequences` with full causal attention.
+    Deterministic for a seed (one thread); returns the model in eval mode."""
+    table = markov_table()
+    data = sample_sequences(table, steps * batch_size, seed=seed + 1)
+    with fixed_threads(), torch.random.fork_rng(devices=[]), torch.enable_grad():
+        torch.manual_seed(seed)
+        model = TinyLM().double()
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        for step in range(steps):
+            x = data[step * batch_size : (step + 1) * batch_size]  # (B, L)
+            loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if progress is not None:
+                progress.update(1)
+    return model.eval()
+
+
+@torch.no_grad()
+def windowed_losses(model: TinyLM, tokens, *, window: int, sinks=(0, 1, 4)) -> dict[str, float]:
+    """Mean next-token loss over the positions the window has already slid past (≥ window + max(sinks)),
+    with full attention and with the window plus each number of sinks."""
+    L = tokens.shape[1] - 1
+    start = window + max(sinks)
+    masks = {"full attention": None} | {
+        f"window {window}" + (f" + {s} sink{'s' * (s > 1)}" if s else ", no sink"): sink_window_mask(L, window, s)
+        for s in sinks
+    }
+    out = {}
+    with fixed_threads():
+        for name, mask in masks.items():
+            logits = model(tokens[:, :-1], mask=mask)  # (B, L, V)
+            loss = F.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")  # (B, L)
+            out[name] = loss[:, start:].mean().item()
+    return out
+
+
+@torch.no_grad()
+def attention_shares(model: TinyLM, tokens, *, window: int, from_position: int) -> dict[str, torch.Tensor]:
+    """Where the queries at positions ≥ ``from_position`` put their attention under full causal
+    attention, per layer and head: {"the BOS token": share on position 0, "keys beyond the window": share on
+    positions 1 .. t − window} — each (layers, heads), averaged over queries and sequences."""
+    weights = []
+    hooks = [
+        layer.self_attn.register_forward_hook(lambda m, i, o: weights.append(o[1])) for layer in model.stack.layers
+    ]
+    try:
+        with fixed_threads():
+            model(tokens[:, :-1])
+    finally:
+        for h in hooks:
+            h.remove()
+    w = torch.stack(weights)[:, :, :, from_position:]  # (layers, B, h, queries, keys)
+    L = w.shape[-1]
+    queries = torch.arange(from_position, L)[:, None]  # (queries, 1)
+    old = (torch.arange(L) > 0) & (torch.arange(L) <= queries - window)  # (queries, keys)
+    return {
+        "the BOS token": w[..., 0].mean(dim=(1, 3)),  # (layers, h)
+        "keys beyond the window": (w * old).sum(-1).mean(dim=(1, 3)),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# figures
+
+
+def draw_patterns(seq_len: int = 16, window: int = 4, num_sinks: int = 2, block_size: int = 4):
+    """Three masks side by side: full causal (MHA/GQA/MQA/MLA read every past token), the sliding
+    window, and the window plus sinks, with the block boundaries of a paged cache as grid lines."""
+    masks = {
+        "full cache (causal)": sink_window_mask(seq_len, seq_len),
+        f"window {window}": sink_window_mask(seq_len, window),
+        f"window {window} + {num_sinks} sinks": sink_window_mask(seq_len, window, num_sinks),
+    }
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.7))
+    for ax, (name, mask) in zip(axes, masks.items(), strict=True):
+        ax.imshow(mask.numpy(), cmap="Blues", vmin=0, vmax=1.3)
+        for b in range(block_size, seq_len, block_size):
+            ax.axvline(b - 0.5, color="gray", lw=0.6, ls=":")
+        ax.set(title=f"{name}: {int(mask[-1].sum())} keys", xlabel="key position", ylabel="query position")
+    fig.suptitle(f"Which keys each query reads ({seq_len} tokens; dotted: blocks of {block_size})")
+    fig.tight_layout()
+    return fig
+
+
+def draw_explorer(
+    model: str = "DeepSeek-V2-Lite",
+    scheme: str = "MLA",
+    context_len: int = 32768,
+    num_kv_heads: int = 8,
+    kv_lora_rank: int = 512,
+    window: int = 4096,
+    num_sinks: int = 4,
+    block_size: int = 16,
+):
+    """Left: cache GiB (one sequence, bf16) against context length for every scheme at ``model``'s
+    layers and head_dim, ``scheme`` highlighted, the chosen context marked. Right: which keys the
+    last query reads at a toy scale (32 tokens; the window scaled by 32 / context_len)."""
+    cfg = all_configs()[model]
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+    if cfg.num_heads % num_kv_heads:
+        raise ValueError(f"num_kv_heads={num_kv_heads} must divide {model}'s {cfg.num_heads} query heads")
+    for name, value in (
+        ("context_len", context_len),
+        ("kv_lora_rank", kv_lora_rank),
+        ("window", window),
+        ("block_size", block_size),
+    ):
+        validation.positive_int(name, value)
+    validation.positive_int("num_sinks", num_sinks, allow_zero=True)
+    knobs = dict(num_kv_heads=num_kv_heads, kv_lora_rank=kv_lora_rank, window=window, num_sinks=num_sinks)
+    contexts = [2**k for k in range(10, 18)]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12.5, 4), gridspec_kw={"width_ratios": [1.7, 1]})
+    for s in SCHEMES:
+        gib = [scheme_cache_bytes(cfg, s, T, **knobs) / GIB for T in contexts]
+        chosen = s == scheme
+        left.plot(
+            contexts,
+            gib,
+            "o-" if chosen else ".-",
+            lw=2.5 if chosen else 1,
+            alpha=1 if chosen else 0.6,
+            label=s if s != "GQA" else f"GQA ({num_kv_heads} K/V heads)",
+        )
+    total = scheme_cache_bytes(cfg, scheme, context_len, block_size=block_size, **knobs)
+    exact = scheme_cache_bytes(cfg, scheme, context_len, **knobs)
+    left.axvline(context_len, color="gray", ls="--")
+    left.set(
+        xscale="log",
+        yscale="log",
+        xlabel="context length (tokens)",
+        ylabel="cache of one sequence (GiB, bf16)",
+        title=f"{scheme}: {total / GIB:.3g} GiB at {context_len:,} tokens "
+        f"({(total - exact) / KIB:.0f} KiB in partly filled blocks of {block_size})",
+    )
+    left.legend(fontsize=8)
+    toy = 32
+    toy_window = max(1, round(toy * window / context_len))
+    if scheme == "window + sinks":
+        mask = sink_window_mask(toy, min(toy_window, toy), min(num_sinks, toy))
+    else:
+        mask = sink_window_mask(toy, toy)
+    right.imshow(mask.numpy(), cmap="Blues", vmin=0, vmax=1.3)
+    right.set(title=f"keys read at toy scale ({toy} tokens)", xlabel="key position", ylabel="query position")
+    fig.suptitle(f"{model}: {cfg.num_layers} layers, {cfg.num_heads} heads of {cfg.head_dim}")
+    fig.tight_layout()
+    return fig
+
+
+def transformers_mla(layer):
+    """``transformers``' DeepseekV2Attention holding ``layer``'s weights (an independent
+    implementation of MLA), as a function x (B, L, d_model) -> causal output (B, L, d_model)."""
+    from transformers import DeepseekV2Config
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2Attention, DeepseekV2RotaryEmbedding
+
+    config = DeepseekV2Config(
+        hidden_size=layer.d_model,
+        num_attention_heads=layer.num_heads,
+        num_key_value_heads=layer.num_heads,
+        kv_lora_rank=layer.kv_lora_rank,
+        q_lora_rank=None,
+        qk_nope_head_dim=layer.nope,
+        qk_rope_head_dim=layer.rope,
+        v_head_dim=layer.v_head_dim,
+        num_hidden_layers=1,
+        vocab_size=8,
+    )
+    config._attn_implementation = "eager"
+    reference = DeepseekV2Attention(config, layer_idx=0).to(layer.q_proj.weight.dtype)
+    reference.load_state_dict(layer.state_dict())
+    rotary = DeepseekV2RotaryEmbedding(config)
+
+    def run(x):
+        L = x.shape[1]
+        blocked = torch.zeros(1, 1, L, L, dtype=x.dtype).masked_fill(
+            ~torch.ones(L, L, dtype=torch.bool).tril(), -torch.inf
+        )
+        out, _ = reference(x, attention_mask=blocked, position_embeddings=rotary(x, torch.arange(L)[None]))
+        return out
+
+    return run
+
+
+@torch.no_grad()
+def measured_reach(num_layers: int, window: int, seq_len: int = 64, *, seed: int = 0) -> int:
+    """How far back a real stack of ``num_layers`` random windowed layers (``mc.block.Encoder``,
+    float64) lets the last output depend: move each input position in turn (one batch, by a random
+    vector — a constant shift would vanish in LayerNorm) and return (seq_len − 1) − the earliest
+    position whose move changes the last output by more than rounding (1e-9)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        stack = Encoder(num_layers, 16, 2, 32, causal=True, norm_first=True).double().eval()
+        x = torch.randn(1, seq_len, 16, dtype=torch.float64)  # (1, L, d)
+        direction = torch.randn(16, dtype=torch.float64)
+    perturbed = x.repeat(seq_len, 1, 1)  # (L, L, d): copy j has position j moved
+    perturbed[torch.arange(seq_len), torch.arange(seq_len)] += direction
+    mask = sink_window_mask(seq_len, window)
+    last = stack(perturbed, mask=mask)[:, -1]  # (L, d): the last output of every copy
+    moved = (last - stack(x, mask=mask)[:, -1]).abs().amax(dim=-1) > 1e-9  # (L,)
+    return seq_len - 1 - int(torch.nonzero(moved)[0])
+
+
+def share_in_words(share: float) -> str:
+    """A recovered share in coarse words ("less than 10%", "between 10% and 50%", "more than half"):
+    a tiny model's training amplifies the last-bit differences between CPUs, so only coarse
+    statements about it hold on every machine."""
+    if share < 0.1:
+        return "less than 10%"
+    return "between 10% and 50%" if share < 0.5 else "more than half"

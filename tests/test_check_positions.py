@@ -1,0 +1,186 @@
+"""The RoPE checkers: every correct approach passes, each listed mistake is named, nothing raises.
+
+The learner functions here are written independently of the checkers' own wrong variants.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mha_course as mc
+
+
+def assert_passes(result):
+    assert result.passed and result.status == "passed", repr(result)
+
+
+def assert_fails(result, *words):
+    assert not result.passed and result.status == "failed", repr(result)
+    for word in words:
+        assert word.lower() in result.message.lower(), f"{word!r} not in {result.message!r}"
+
+
+# ---------------------------------------------------------------------------------------------
+# learners' apply_rope, several styles
+
+
+def rope_float64_halves(x, positions, theta):  # the formula, in float64
+    d = x.shape[-1]
+    i = torch.arange(d // 2, dtype=torch.float64)
+    angle = positions[:, None].double() * theta ** (-2 * i / d)  # (L, d/2)
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def rope_complex(x, positions, theta):  # complex numbers on the (i, i + d/2) pairs
+    d = x.shape[-1]
+    freqs = 1.0 / theta ** (torch.arange(0, d, 2).float() / d)
+    z = torch.complex(x[..., : d // 2], x[..., d // 2 :])
+    z = z * torch.polar(torch.ones(len(positions), d // 2), positions[:, None].float() * freqs)
+    return torch.cat([z.real, z.imag], dim=-1)
+
+
+def rope_loop(x, positions, theta):  # one pair at a time
+    d = x.shape[-1]
+    out = x.clone()
+    for i in range(d // 2):
+        a = positions.double() * theta ** (-2 * i / d)  # (L,)
+        c, s = torch.cos(a).to(x.dtype)[:, None], torch.sin(a).to(x.dtype)[:, None]
+        x1, x2 = x[..., i : i + 1], x[..., i + d // 2 : i + d // 2 + 1]
+        out[..., i : i + 1] = x1 * c - x2 * s
+        out[..., i + d // 2 : i + d // 2 + 1] = x2 * c + x1 * s
+    return out
+
+
+def rope_hf(x, positions, theta):  # transformers' own function
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    d = x.shape[-1]
+    inv = 1.0 / theta ** (torch.arange(0, d, 2).float() / d)
+    emb = torch.cat([positions[:, None].float() * inv] * 2, dim=-1)  # (L, d)
+    q, _ = apply_rotary_pos_emb(x, x, emb.cos(), emb.sin(), unsqueeze_dim=0)
+    return q.reshape(x.shape)  # unsqueeze_dim adds a leading 1 to a 2-D x
+
+
+@pytest.mark.parametrize("fn", [rope_float64_halves, rope_complex, rope_loop, rope_hf])
+def test_apply_rope_correct_variants_pass(fn):
+    assert_passes(mc.check.apply_rope(fn))
+
+
+def rope_interleaved(x, positions, theta):
+    d = x.shape[-1]
+    angle = positions[:, None].double() * theta ** (-2 * torch.arange(d // 2, dtype=torch.float64) / d)
+    cos, sin = angle.cos().float(), angle.sin().float()
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
+
+
+def rope_exponent(x, positions, theta):
+    d = x.shape[-1]
+    angle = positions[:, None].double() * theta ** (-torch.arange(d // 2, dtype=torch.float64) / d)
+    cos, sin = angle.cos().float(), angle.sin().float()
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def rope_fixed_base(x, positions, theta):
+    return rope_float64_halves(x, positions, 10000.0)
+
+
+def rope_backwards(x, positions, theta):
+    return rope_float64_halves(x, -positions, theta)
+
+
+def rope_by_index(x, positions, theta):
+    return rope_float64_halves(x, torch.arange(x.shape[-2]), theta)
+
+
+@pytest.mark.parametrize(
+    "fn, words",
+    [
+        (rope_interleaved, "interleaved"),
+        (rope_exponent, "2i/head_dim"),
+        (rope_fixed_base, "theta argument"),
+        (rope_backwards, "wrong way"),
+        (rope_by_index, "positions given"),
+        (lambda x, positions, theta: x, "unrotated"),
+    ],
+)
+def test_apply_rope_mistakes_are_diagnosed(fn, words):
+    assert_fails(mc.check.apply_rope(fn), "likely mistake", words)
+
+
+# ---------------------------------------------------------------------------------------------
+# learners' rope_step
+
+
+def step_apply_rope(q, k, v, cache_length, theta):
+    pos = torch.arange(cache_length, cache_length + q.shape[-2])
+    return mc.apply_rope(q, pos, theta=theta), mc.apply_rope(k, pos, theta=theta), v
+
+
+def step_own_rotation(q, k, v, cache_length, theta):
+    n = q.shape[-2]
+    pos = torch.arange(n) + cache_length
+    return rope_float64_halves(q, pos, theta), rope_loop(k, pos, theta), v.clone()
+
+
+def step_rotary_module(q, k, v, cache_length, theta):
+    rope = mc.RotaryEmbedding(q.shape[-1], theta)
+    return rope(q, cache_length), rope(k, cache_length), v
+
+
+@pytest.mark.parametrize("fn", [step_apply_rope, step_own_rotation, step_rotary_module])
+def test_rope_step_correct_variants_pass(fn):
+    assert_passes(mc.check.rope_step(fn))
+
+
+def shifted(first_of):
+    def step(q, k, v, cache_length, theta):
+        first = first_of(cache_length)
+        pos = torch.arange(first, first + q.shape[-2])
+        return rope_float64_halves(q, pos, theta), rope_float64_halves(k, pos, theta), v
+
+    return step
+
+
+def step_rotates_v(q, k, v, cache_length, theta):
+    q, k, _ = step_apply_rope(q, k, v, cache_length, theta)
+    return q, k, rope_float64_halves(v, torch.arange(cache_length, cache_length + v.shape[-2]), theta)
+
+
+def step_forgets_k(q, k, v, cache_length, theta):
+    pos = torch.arange(cache_length, cache_length + q.shape[-2])
+    return rope_loop(q, pos, theta), k, v
+
+
+def step_interleaved(q, k, v, cache_length, theta):
+    pos = torch.arange(cache_length, cache_length + q.shape[-2])
+    return rope_interleaved(q, pos, theta), rope_interleaved(k, pos, theta), v
+
+
+@pytest.mark.parametrize(
+    "fn, words",
+    [
+        (shifted(lambda c: 0), "start at cache_length"),
+        (shifted(lambda c: c + 1), "not cache_length + 1"),
+        (shifted(lambda c: c - 1), "not cache_length - 1"),
+        (step_rotates_v, "only q and k"),
+        (step_forgets_k, "unrotated"),
+        (step_interleaved, "rotate-half"),
+    ],
+)
+def test_rope_step_mistakes_are_diagnosed(fn, words):
+    assert_fails(mc.check.rope_step(fn), "likely mistake", words)
+
+
+def test_not_attempted_and_exceptions_never_raise():
+    def todo(*args):
+        raise NotImplementedError
+
+    for check in (mc.check.apply_rope, mc.check.rope_step):
+        assert check(todo).status == "not attempted"
+        assert check(lambda *a: 1 / 0).status == "failed"
+        assert check(lambda *a: None).status == "failed"

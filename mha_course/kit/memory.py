@@ -40,7 +40,12 @@ def peak_memory(fn: Callable[[], object]) -> int:
     """
     from torch.profiler import ProfilerActivity, profile
 
-    with quiet_c_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    # acc_events=True changes nothing for one profiling cycle, but without it torch 2.11 warns
+    # (under the notebook cell) that events of earlier cycles are dropped, on every first use
+    with (
+        quiet_c_stderr(),
+        profile(activities=[ProfilerActivity.CPU], profile_memory=True, acc_events=True) as prof,
+    ):
         fn()
     events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
     live = peak = 0

@@ -157,7 +157,8 @@ def kernels_inside(fn: Callable[[], object], *, keep: tuple[str, ...] | None = A
     dispatcher, and this shows what it runs (e.g. ``bmm, _softmax, bmm``)."""
     from ..kit.memory import quiet_c_stderr
 
-    with quiet_c_stderr(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    cpu = [torch.profiler.ProfilerActivity.CPU]
+    with quiet_c_stderr(), torch.profiler.profile(activities=cpu, acc_events=True) as prof:  # see kit.memory
         fn()
     names = [e.name.removeprefix("aten::") for e in prof.events() if e.name.startswith("aten::")]
     return [n for n in names if keep is None or n in keep]

@@ -161,10 +161,12 @@ def test_encoder_matches_transformers_attentions_and_hidden_states(loaded):
         ref = reference(**batch, output_attentions=True)
         hidden, attentions = encoder(batch["input_ids"], batch["attention_mask"])
     assert attentions.shape == (3, 6, 12, batch["input_ids"].shape[1], batch["input_ids"].shape[1])
+    # float32 bound with a margin over every kernel set and version measured (emulated AVX2, torch 2.6 with
+    # transformers 5.20 reach 1.1e-5 on layer 4); the float64 test below holds the implementations to 1e-12
     for layer, a in enumerate(ref.attentions):
-        torch.testing.assert_close(attentions[:, layer], a, atol=1e-5, rtol=0)
+        torch.testing.assert_close(attentions[:, layer], a, atol=1e-4, rtol=0)
     real = batch["attention_mask"].bool()
-    torch.testing.assert_close(hidden[real], ref.last_hidden_state[real], atol=1e-5, rtol=0)
+    torch.testing.assert_close(hidden[real], ref.last_hidden_state[real], atol=1e-4, rtol=0)
 
 
 def test_encoder_matches_transformers_in_float64(loaded):

@@ -82,7 +82,12 @@ NOTATION: list[tuple[str, str]] = [
     ("d_model (d)", "model width: the size of each token's vector"),
     ("h = num_heads", "number of (query) heads"),
     ("h_kv = num_kv_heads", "number of key/value heads (h: MHA, 1: MQA, in between: GQA)"),
-    ("d_head = d_model // h", "width of one head (d_k = d_v = d_head in multi-head attention)"),
+    (
+        "d_head = d_model // h",
+        "width of one head (d_k = d_v = d_head in multi-head attention); spelled `head_dim` only where the "
+        "course mirrors a Hugging Face config or checkpoint (GroupedQueryAttention, ModelConfig, the "
+        "decoder), like q_proj, k_proj, v_proj, o_proj there",
+    ),
     ("d_k, d_v", "width of queries/keys and of values in single-head attention"),
     ("Q, K, V", "queries (B, h, Lq, d_head), keys (B, h, Lk, d_head), values (B, h, Lk, d_head)"),
     ("W_Q, W_K, W_V, W_O", "projection matrices; head i owns column block i of W_Q, W_K, W_V"),

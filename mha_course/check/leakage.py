@@ -35,11 +35,6 @@ def _with_extra(*pairs):
     return mask
 
 
-def _next_token_mask():
-    """Causal but one step too wide: every position also sees the next one."""
-    return torch.ones(L, L, dtype=torch.bool).tril(1)
-
-
 class _Layer:
     """A named attention layer ``x (B, L, d_model) -> out`` (or (out, weights)): the answer is known."""
 

@@ -2,7 +2,7 @@
 with the optimisations that make an inference forward pass on a CPU cheaper.
 
 :class:`MultiHeadAttention` is written to be read; this module is written to be fast, and notebook 09
-measures what each change buys. The four changes:
+measures what each change buys. The changes:
 
 1. **one fused QKV matmul** — W_Q, W_K and W_V are stored stacked as one (3·d_model, d_model)
    weight, so self-attention projects with one matrix product instead of three;
@@ -10,8 +10,13 @@ measures what each change buys. The four changes:
    1/√d_head, once, when the weights are loaded, so no call spends B·L·d_model (or d_model²)
    multiplications on the scale;
 3. **masking and softmax in place** — without autograd the mask is written into the score buffer
-   and the softmax overwrites it, so the (B, h, Lq, Lk) scores are allocated once per call;
-4. **no second L×L buffer** — the weights *are* that buffer (a fully masked row is zeroed in place).
+   (a mask shared by the batch or the heads, such as a causal (L, L) one, is added as 0 / −∞: a
+   broadcast add is cheaper than a broadcast fill) and the softmax overwrites it, so the
+   (B, h, Lq, Lk) scores are allocated once per call;
+4. **no second L×L buffer** — the weights *are* that buffer (a fully masked row is zeroed in place);
+5. **heads laid out once** — the fused projection's output is copied once into head-major
+   (3, B, h, L, d_head) order, so both batched matmuls read contiguous heads instead of each
+   gathering its own copy.
 
 With autograd on, the in-place steps fall back to their out-of-place forms (the softmax's
 backward needs its output, the scores are not overwritten); the result is the same.
@@ -102,7 +107,8 @@ class FastMultiHeadAttention(nn.Module):
         if query is key and key is value:
             qkv = F.linear(query, w, b)  # (B, L, 3·d_model)
             B, L, _ = qkv.shape
-            return qkv.view(B, L, 3, h, self.d_head).permute(2, 0, 3, 1, 4).unbind(0)  # 3 × (B, h, L, d_head)
+            heads = qkv.view(B, L, 3, h, self.d_head).permute(2, 0, 3, 1, 4)  # (3, B, h, L, d_head), a view
+            return heads.contiguous().unbind(0)  # one copy into head-major order: 3 × (B, h, L, d_head)
         b_q, b_kv = (None, None) if b is None else (b[:d], b[d:])
         q = F.linear(query, w[:d], b_q)  # (B, Lq, d_model)
         if key is value:
@@ -127,7 +133,13 @@ class FastMultiHeadAttention(nn.Module):
         scores = q @ k.transpose(-2, -1)  # (B, h, Lq, Lk), already scaled
         if mask is not None:
             blocked = ~mask
-            scores = scores.masked_fill_(blocked, float("-inf"))  # the matmul's backward never reads its output
+            # in place: the matmul's backward never reads its output
+            if mask.numel() < scores.numel():  # shared by batch or heads: add it as 0 / −∞, a fast broadcast
+                scores.add_(
+                    torch.zeros(mask.shape, dtype=scores.dtype, device=scores.device).masked_fill_(blocked, -math.inf)
+                )
+            else:  # as large as the scores: fill in place, no second buffer of that size
+                scores.masked_fill_(blocked, -math.inf)
         weights = torch.softmax(scores, dim=-1) if grad else torch.softmax(scores, dim=-1, out=scores)
         if mask is not None:
             dead = blocked.all(dim=-1, keepdim=True)  # (…, Lq, 1): rows with no allowed key are NaN

@@ -182,11 +182,43 @@ def test_machine_info_records_versions_threads_and_cpu():
 
 def _fake(ratios):
     rep = benchmark.Report(machine={"torch threads": 1}, matmul_gflops={str(benchmark.TARGET): 100.0})
-    for name, ratio in ratios.items():
+    for name, ratio in {"torch": 1.0, "torch+weights": 1.0, **ratios}.items():  # the references are measured too
         rep.results.append(
             benchmark.Result(benchmark.TARGET, name, 0.1, 0.01, ratio, ratio - 0.05, ratio + 0.05, 10.0, 0.1)
         )
     return rep
+
+
+def test_the_fast_variant_is_also_judged_against_pytorchs_plain_path_from_the_same_rounds():
+    rep = _fake({"fast+weights": 0.8, "torch+weights plain": 1.0})
+    samples = {"fast+weights": [0.8, 0.9, 0.7], "torch+weights plain": [1.0, 0.5, 1.0]}
+    for r in rep.results:
+        r.samples_s = samples.get(r.name, [1.0, 1.0, 1.0])
+    line = next(x for x in benchmark.target_lines(rep) if "/ torch+weights plain" in x)
+    assert line.startswith("✅ fast+weights / torch+weights plain: 0.80×")  # median of 0.8, 1.8, 0.7
+    assert "per-round range 0.70–1.80" in line
+
+
+def test_pytorchs_calls_are_timed_without_autograd_and_the_plain_path_skips_the_native_kernel(monkeypatch):
+    from mha_course.lessons.head_layout import kernels_called
+
+    seen = []
+    real = benchmark.round_robin_times
+
+    def spy(fns, **kwargs):
+        seen.append(torch.is_grad_enabled())
+        return real(fns, **kwargs)
+
+    monkeypatch.setattr(benchmark, "round_robin_times", spy)
+    benchmark.run([TINY], repeats=1, names=["torch+weights plain"], memory=False, progress=False)
+    assert seen == [False]  # inference, as the method says: no autograd graph is built
+    fns, _, _ = benchmark.build(TINY)
+    with torch.no_grad():
+        native = kernels_called(fns["torch+weights"], keep=None)
+        plain = kernels_called(fns["torch+weights plain"], keep=None)
+    assert any("native_multi_head_attention" in k for k in native)
+    assert not any("native_multi_head_attention" in k for k in plain)
+    assert torch.backends.mha.get_fastpath_enabled()  # switched back on
 
 
 def test_target_lines_judge_each_goal_and_report_the_readable_path():
@@ -210,7 +242,7 @@ def test_plot_draws_one_line_per_implementation_over_lengths(report):
     fig = benchmark.plot(report, batch=2, causal=True)
     ax1, ax2 = fig.axes
     assert [line.get_label() for line in ax1.lines][-1] == "nn.MultiheadAttention"  # the line at 1
-    assert len(ax1.lines) == 5 + 1 and len(ax2.lines) == len(benchmark.IMPLEMENTATIONS)  # + the 2 references
+    assert len(ax1.lines) == 7 + 1 and len(ax2.lines) == len(benchmark.IMPLEMENTATIONS)  # + the 2 references
     assert [list(line.get_xdata()) for line in ax2.lines][0] == [12, 24]
     assert "B=2" in fig._suptitle.get_text() and "causal" in fig._suptitle.get_text()
     assert ax1.get_xlabel() == "sequence length L" and "matmul" in ax2.get_ylabel()
@@ -223,6 +255,6 @@ def test_command_line_quick_mode_runs_the_target_and_writes_json(monkeypatch, ca
     assert benchmark.main(["--quick", "--repeats", "1", "--no-memory", "--threads", "1", "--json", str(path)]) == 0
     out = capsys.readouterr().out
     assert out.startswith("machine: torch ") and "torch threads 1" in out
-    assert "ours+SDPA / torch:" in out and "fast+weights / torch+weights:" in out
-    assert "ours+weights / torch+weights:" in out
+    assert "ours+SDPA / torch:" in out and "fast+weights / torch+weights:" in out and "/ torch plain:" in out
+    assert "ours+weights / torch+weights:" in out and "fast+weights / torch+weights plain:" in out
     assert len(json.loads(path.read_text())["results"]) == len(benchmark.IMPLEMENTATIONS)

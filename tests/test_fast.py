@@ -124,15 +124,28 @@ def test_a_fresh_module_is_the_readable_one_under_the_same_seed():
 
 @torch.no_grad()
 def test_the_weights_path_holds_one_score_buffer_the_readable_path_more():
-    B, h, L, d = 1, 2, 128, 32
+    B, h, L, d = 2, 2, 128, 32
     mha = mc.MultiHeadAttention(d, h).eval()
     fast = FastMultiHeadAttention.from_module(mha).eval()
     x, mask = torch.randn(B, L, d), mc.causal_mask(L)
     scores = B * h * L * L * 4
     readable = peak_memory(lambda: mha(x, mask=mask))
     tuned = peak_memory(lambda: fast(x, mask=mask))
-    assert scores <= tuned < 2 * scores  # the returned weights are the one L×L buffer
+    assert scores <= tuned < 2 * scores  # the returned weights are the one (B, h, L, L) buffer
+    assert tuned < scores + L * L * 4 + 3 * B * L * d * 4 * 2  # beside it: the (L, L) mask as 0/−∞ and q, k, v
     assert readable - tuned >= scores  # the readable formula holds scores and weights side by side
+
+
+@torch.no_grad()
+def test_a_mask_as_large_as_the_scores_is_filled_in_place_not_copied_to_floats():
+    B, h, L, d = 2, 2, 128, 32
+    fast = FastMultiHeadAttention(d, h).eval()
+    x, scores = torch.randn(B, L, d), B * h * L * L * 4
+    full = torch.rand(B, h, L, L, generator=torch.Generator().manual_seed(0)) < 0.7  # (B, h, L, L): no broadcast
+    shared = peak_memory(lambda: fast(x, mask=mc.causal_mask(L)))  # an (L, L) mask, added as 0/−∞ floats
+    # a full mask may cost its bool complement (¼ of the scores), never a float copy (1 × the scores)
+    assert scores < peak_memory(lambda: fast(x, mask=full)) <= shared + full.numel()
+    torch.testing.assert_close(fast(x, mask=full), fast.to_module()(x, mask=full))
 
 
 def test_self_attention_runs_one_projection_matmul():

@@ -143,7 +143,7 @@ class FastMultiHeadAttention(nn.Module):
         weights = torch.softmax(scores, dim=-1) if grad else torch.softmax(scores, dim=-1, out=scores)
         if mask is not None:
             dead = blocked.all(dim=-1, keepdim=True)  # (…, Lq, 1): rows with no allowed key are NaN
-            if dead.any():
+            if dead.is_meta or dead.any():  # a data-dependent test; on the meta device, just fill
                 weights = weights.masked_fill(dead, 0.0) if grad else weights.masked_fill_(dead, 0.0)
         out = (F.dropout(weights, p) if p else weights) @ v  # (B, h, Lq, d_head)
         return self.out_proj(out.transpose(1, 2).reshape(B, Lq, self.d_model)), weights

@@ -254,7 +254,7 @@ def test_command_line_quick_mode_runs_the_target_and_writes_json(monkeypatch, ca
     path = tmp_path / "benchmark.json"
     assert benchmark.main(["--quick", "--repeats", "1", "--no-memory", "--threads", "1", "--json", str(path)]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("machine: torch ") and "torch threads 1" in out
+    assert out.startswith("machine: device the CPU (") and "torch threads 1" in out
     assert "ours+SDPA / torch:" in out and "fast+weights / torch+weights:" in out and "/ torch plain:" in out
     assert "ours+weights / torch+weights:" in out and "fast+weights / torch+weights plain:" in out
     assert len(json.loads(path.read_text())["results"]) == len(benchmark.IMPLEMENTATIONS)

@@ -10,6 +10,7 @@ import torch
 import mha_course as mc
 from mha_course import device_check, tiled
 from mha_course.block import Encoder
+from mha_course.fast import FastMultiHeadAttention
 
 ACCELERATORS = [
     pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")),
@@ -42,11 +43,14 @@ def run_public_api(device: str, dtype=torch.float32) -> dict[str, torch.Tensor]:
     with torch.device(device):
         mha, looped = mc.MultiHeadAttention(d, h), mc.LoopedMultiHeadAttention(d, h)
         gqa, enc = mc.GroupedQueryAttention(d, h, 2), Encoder(2, d, h, 2 * d)
-    for m in (mha, looped, gqa, enc):
+        fast = FastMultiHeadAttention(d, h)
+    for m in (mha, looped, gqa, enc, fast):
         m.to(dtype)
     out["mha"], out["mha_w"] = mha(x, mask=pad)
     out["mha_sdpa"], _ = mha(x, mask=pad, need_weights=False)
     out["looped"], _ = looped(x, mask=causal)
+    out["fast"], out["fast_w"] = fast(x, mask=pad)
+    out["fast_cross"], _ = fast(x, randn(B, L + 1, d), mask=None)
     out["gqa"], _ = gqa(x, is_causal=True)
     cache = mc.KVCache()
     out["gqa_step"], _ = gqa(x[:, :1], cache=cache, is_causal=True)
@@ -115,3 +119,44 @@ def test_timing_device_is_the_cpu_unless_asked(monkeypatch):
         monkeypatch.setenv(setup.TIMING_DEVICE_VARIABLE, "cuda")
         with pytest.raises(ValueError, match="no CUDA device"):
             setup.timing_device()
+
+
+def test_timings_name_their_device_and_wait_for_it(monkeypatch):
+    from mha_course.kit import timing
+
+    assert timing.device_label("cpu", num_threads=1) == f"the CPU ({timing.cpu_model()}), 1 thread"
+    assert timing.device_label(None, num_threads=3).endswith(", 3 threads")
+    assert timing.device_label("mps").startswith("Apple MPS")
+    waited = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waited.append(torch.device(device)))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Test GPU")
+    assert timing.device_label("cuda") == "CUDA (Test GPU)"
+    timing.synchronize("cpu")
+    assert waited == []  # nothing to wait for on the CPU
+    calls = []
+    times = timing.round_robin_times({"f": lambda: calls.append(len(waited))}, repeats=2, device="cuda")
+    assert len(times["f"]) == 2 and len(calls) == 3
+    assert calls == [1, 3, 5]  # before every call the queue is drained, and again before the clock stops
+    assert len(waited) == 6 and all(d.type == "cuda" for d in waited)
+
+
+def test_the_benchmark_runs_where_it_is_told_and_measures_memory_only_on_the_cpu():
+    from mha_course.lessons import benchmark
+
+    tiny = benchmark.Config(1, 8, 16, 2)
+    report = benchmark.run([tiny], repeats=1, names=["fast+weights"], progress=False, device="cpu")
+    assert report.machine["device"].startswith("the CPU (")
+    assert all(r.alloc_bytes for r in report.results) and all(r.max_abs_error < 1e-5 for r in report.results)
+    fns, _, _ = benchmark.build(tiny, device="meta")  # every tensor of the benchmark follows the device
+    with torch.no_grad():
+        out, weights = fns["fast+weights"]()
+    assert out.device.type == weights.device.type == "meta" and weights.shape == (1, 2, 8, 8)
+
+
+@pytest.mark.parametrize("device", ACCELERATORS)
+def test_the_benchmark_on_an_accelerator_checks_its_outputs_and_skips_memory(device):
+    from mha_course.lessons import benchmark
+
+    report = benchmark.run([benchmark.Config(1, 16, 16, 2)], repeats=1, progress=False, device=device)
+    assert all(r.alloc_bytes is None and r.max_abs_error < 1e-3 for r in report.results)
+    assert device.upper() in report.machine["device"] or "MPS" in report.machine["device"]

@@ -1,8 +1,10 @@
 """How fast is each attention implementation on this machine, against PyTorch and against the
-machine's own matrix-multiply rate? Forward passes in float32, inference (no autograd), CPU.
+machine's own matrix-multiply rate? Forward passes in float32, inference (no autograd), on the CPU
+unless ``--device`` names another.
 
     python -m mha_course.lessons.benchmark            # sweep: B in (1, 8), L in (128 … 1024), causal or not
     python -m mha_course.lessons.benchmark --quick    # B=8, L=512, d_model=512, h=8, causal only
+    python -m mha_course.lessons.benchmark --quick --device cuda   # the same on a GPU (no memory column)
 
 Implementations (``IMPLEMENTATIONS``), all with the same weights and the same mask:
 
@@ -49,7 +51,6 @@ Method
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -67,7 +68,8 @@ from ..accounting import attention_flops
 from ..fast import FastMultiHeadAttention
 from ..heads import split_heads
 from ..kit.memory import peak_memory
-from ..kit.timing import round_robin_times
+from ..kit.setup import device as mc_device
+from ..kit.timing import cpu_model, device_label, round_robin_times
 from ..masks import causal_mask
 from ..multihead import LoopedMultiHeadAttention
 
@@ -158,26 +160,10 @@ class Report:
 # the machine
 
 
-def cpu_model() -> str:
-    """The CPU's model name (Linux /proc/cpuinfo, macOS sysctl, else platform.processor())."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    if sys.platform == "darwin":
-        import subprocess
-
-        with contextlib.suppress(Exception):
-            return subprocess.check_output(["sysctl", "-n", "machdep.cpu.brand_string"], text=True).strip()
-    return platform.processor() or platform.machine() or "unknown"
-
-
-def machine_info() -> dict:
-    """What the numbers depend on: torch version and build, threads, cores, CPU model."""
+def machine_info(device: torch.device | str | None = None) -> dict:
+    """What the numbers depend on: the device, torch version and build, threads, cores, CPU model."""
     return {
+        "device": device_label(device, num_threads=torch.get_num_threads()),
         "torch": torch.__version__,
         "torch threads": torch.get_num_threads(),
         "CPU cores": os.cpu_count(),
@@ -214,13 +200,17 @@ def without_fastpath(fn: Callable[[], object]) -> object:
         torch.backends.mha.set_fastpath_enabled(before)
 
 
-def build(config: Config, *, seed: int = 0) -> tuple[Callables, Callable[[], object], Callable[[dict], dict]]:
+def build(
+    config: Config, *, seed: int = 0, device: torch.device | str | None = None
+) -> tuple[Callables, Callable[[], object], Callable[[dict], dict]]:
     """For ``config``: ``(implementations, matmul, check)``. ``implementations`` maps each name of
     ``IMPLEMENTATIONS`` to a no-argument callable, all computing the same function of the same
     input with the same weights; ``matmul`` is the reference (B·L, d) @ (d, d) product.
     ``check(outputs)`` takes {name: what that callable returned} and returns each one's max abs
     error against ``nn.MultiheadAttention``'s output (and per-head weights where both return
-    them); SDPA alone's against softmax(q kᵀ/√d_head) v of its q, k, v."""
+    them); SDPA alone's against softmax(q kᵀ/√d_head) v of its q, k, v. ``device``: where the
+    weights and the input live (default: the CPU); they are drawn on the CPU first, so every
+    device computes the same function."""
     g = torch.Generator().manual_seed(seed)
     B, L, d, h = config.batch, config.seq_len, config.d_model, config.num_heads
     with torch.random.fork_rng(devices=[]):
@@ -229,14 +219,16 @@ def build(config: Config, *, seed: int = 0) -> tuple[Callables, Callable[[], obj
     ours = looped.to_fused().eval()
     fast = FastMultiHeadAttention.from_module(ours).eval()
     theirs = ours.to_torch().eval()
-    x = torch.randn(B, L, d, generator=g)  # (B, L, d_model)
-    mask = causal_mask(L) if config.causal else None  # ours: True = may attend
+    device = torch.device("cpu") if device is None else torch.device(device)
+    looped, ours, fast, theirs = (m.to(device) for m in (looped, ours, fast, theirs))
+    x = torch.randn(B, L, d, generator=g).to(device)  # (B, L, d_model)
+    mask = causal_mask(L, device=device) if config.causal else None  # ours: True = may attend
     blocked = None if mask is None else ~mask  # nn.MultiheadAttention: True = blocked
     with torch.no_grad():  # SDPA alone gets the q, k, v the module computes
         q, k, v = (
             split_heads(p(x), h).contiguous() for p in (ours.q_proj, ours.k_proj, ours.v_proj)
         )  # (B, h, L, d_head)
-    w, x2d = torch.randn(d, d, generator=g), x.reshape(B * L, d)
+    w, x2d = torch.randn(d, d, generator=g).to(device), x.reshape(B * L, d)
     fns = {
         "looped": lambda: looped(x, mask=mask),
         "ours+weights": lambda: ours(x, mask=mask, need_weights=True),
@@ -299,11 +291,14 @@ def run(
     num_threads: int | None = None,
     progress: bool = True,
     seed: int = 0,
+    device: torch.device | str | None = None,
 ) -> Report:
     """Benchmark ``names`` (any of ``IMPLEMENTATIONS``; their ``REFERENCE`` is added) at each
     :class:`Config` in ``configs``; see the module docstring for the method. ``num_threads``:
-    torch's intra-op threads for the run (restored afterwards; default: as they are). Raises if
-    an implementation's output differs from ``nn.MultiheadAttention``'s by more than 1e-3."""
+    torch's intra-op threads for the run (restored afterwards; default: as they are). ``device``:
+    where to compute (default: the CPU); peak memory is measured on the CPU only (it reads the
+    CPU allocator's events). Raises if an implementation's output differs from
+    ``nn.MultiheadAttention``'s by more than 1e-3."""
     unknown = set(names) - set(IMPLEMENTATIONS)
     if unknown:
         raise ValueError(f"unknown implementations {sorted(unknown)}; choose from {list(IMPLEMENTATIONS)}")
@@ -311,7 +306,8 @@ def run(
     previous_threads = torch.get_num_threads()
     if num_threads is not None:
         torch.set_num_threads(validation.positive_int("num_threads", num_threads))
-    report = Report(machine=machine_info())
+    device = torch.device("cpu") if device is None else torch.device(device)
+    report = Report(machine=machine_info(device))
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -319,11 +315,16 @@ def run(
         bar = tqdm(total=len(configs) * (repeats + 1), desc="benchmark rounds")
     try:
         for config in configs:
-            fns, matmul, check = build(config, seed=seed)
+            fns, matmul, check = build(config, seed=seed, device=device)
             fns, outputs = {n: fns[n] for n in wanted}, {}
             with torch.no_grad():  # inference: no autograd graph, and nn.MultiheadAttention's fast path
                 times = round_robin_times(
-                    {**fns, MATMUL: matmul}, repeats=repeats, min_sample_s=0.02, outputs=outputs, progress=bar
+                    {**fns, MATMUL: matmul},
+                    repeats=repeats,
+                    min_sample_s=0.02,
+                    outputs=outputs,
+                    progress=bar,
+                    device=device,
                 )
             err = check(outputs)
             del outputs
@@ -351,7 +352,7 @@ def run(
                     max_abs_error=err[name],
                     samples_s=times[name],
                 )
-                if memory:
+                if memory and device.type == "cpu":
                     result.alloc_bytes = memory_use(fns[name])
                 report.results.append(result)
     finally:
@@ -473,6 +474,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds per configuration (5; quick: 4)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurements")
+    parser.add_argument(
+        "--device", default="cpu", help="cpu (default), cuda, mps, or auto for the best one here (memory: CPU only)"
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
     if args.quick:
@@ -480,7 +484,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         configs = [Config(b, n, causal=c) for c in (True, False) for b in (1, 8) for n in (128, 256, 512, 1024)]
     report = run(
-        configs, repeats=args.repeats or (4 if args.quick else 5), memory=not args.no_memory, num_threads=args.threads
+        configs,
+        repeats=args.repeats or (4 if args.quick else 5),
+        memory=not args.no_memory,
+        num_threads=args.threads,
+        device=mc_device() if args.device == "auto" else args.device,
     )
     print("machine: " + ", ".join(f"{k} {v}" for k, v in report.machine.items()))
     print()

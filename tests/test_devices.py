@@ -160,3 +160,27 @@ def test_the_benchmark_on_an_accelerator_checks_its_outputs_and_skips_memory(dev
     report = benchmark.run([benchmark.Config(1, 16, 16, 2)], repeats=1, progress=False, device=device)
     assert all(r.alloc_bytes is None and r.max_abs_error < 1e-3 for r in report.results)
     assert device.upper() in report.machine["device"] or "MPS" in report.machine["device"]
+
+
+def test_every_timing_cell_of_04_06_09_runs_on_the_timing_device_and_names_it():
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "notebooks"
+    timed = 0
+    for path in sorted(root.glob("0[469]_*.ipynb")):
+        before = ""  # the code cell before this one (where a timing cell's set-up may live)
+        for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+            if cell["cell_type"] != "code":
+                continue
+            source = "".join(cell["source"])
+            before, setup = source, before + source
+            if not ("median_times(" in source or "benchmark.run(" in source):
+                continue
+            timed += 1
+            where = f"{path.name}: {source.splitlines()[0]}"
+            assert "device=" in source, f"{where} times without device="
+            assert "timing_device()" in setup, f"{where} does not ask timing_device() where to run"
+            named = "device_label(" in source or "benchmark.run(" in source  # the benchmark's first line names it
+            assert named, f"{where} does not name its device"
+    assert timed == 7  # 04: one; 06: two; 09: sections 5, 6, 7 and the benchmark

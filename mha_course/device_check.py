@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .attention import scaled_dot_product_attention
+from .fast import FastMultiHeadAttention
 from .gqa import GroupedQueryAttention, repeat_kv
 from .kit.setup import device as best_device
 from .kv_cache import KVCache
@@ -61,6 +62,10 @@ def comparisons(device: torch.device, dtype: torch.dtype, *, seed: int = 0):
     yield "MultiHeadAttention weights = nn.MultiheadAttention's", got_w, ref_w
     got, _ = ours(x, mask=pad, need_weights=False)
     yield "MultiHeadAttention SDPA path = nn.MultiheadAttention", got, ref
+    with torch.no_grad():  # the fast variant's in-place path
+        got, got_w = FastMultiHeadAttention.from_module(ours).eval()(x, mask=pad)
+    both, ref_both = torch.cat([got.flatten(), got_w.flatten()]), torch.cat([ref.flatten(), ref_w.flatten()])
+    yield "FastMultiHeadAttention = nn.MultiheadAttention (out, weights)", both, ref_both
 
     gqa = GroupedQueryAttention(d, h, h_kv).to(device=device, dtype=dtype)
     full, _ = gqa(x, is_causal=True)

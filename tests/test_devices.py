@@ -84,7 +84,7 @@ def test_device_check_reports_each_comparison_and_passes_here(capsys):
     assert device_check.main(["--device", "cpu"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("device: cpu") and "no accelerator" in lines[1]
-    assert sum(line.startswith("✅") for line in lines) == 6 * len(device_check.dtypes_for(torch.device("cpu")))
+    assert sum(line.startswith("✅") for line in lines) == 7 * len(device_check.dtypes_for(torch.device("cpu")))
 
 
 def test_device_check_fails_when_a_result_is_off(monkeypatch):

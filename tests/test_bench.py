@@ -181,10 +181,10 @@ def test_machine_info_records_versions_threads_and_cpu():
 
 
 def _fake(ratios):
-    rep = benchmark.Report(machine={"torch threads": 1}, matmul_gflops={str(benchmark.TARGET): 100.0})
+    rep = benchmark.Report(machine={"torch threads": 1}, matmul_gflops={str(benchmark.QUICK): 100.0})
     for name, ratio in {"torch": 1.0, "torch+weights": 1.0, **ratios}.items():  # the references are measured too
         rep.results.append(
-            benchmark.Result(benchmark.TARGET, name, 0.1, 0.01, ratio, ratio - 0.05, ratio + 0.05, 10.0, 0.1)
+            benchmark.Result(benchmark.QUICK, name, 0.1, 0.01, ratio, ratio - 0.05, ratio + 0.05, 10.0, 0.1)
         )
     return rep
 
@@ -194,7 +194,7 @@ def test_the_fast_variant_is_also_judged_against_pytorchs_plain_path_from_the_sa
     samples = {"fast+weights": [0.8, 0.9, 0.7], "torch+weights plain": [1.0, 0.5, 1.0]}
     for r in rep.results:
         r.samples_s = samples.get(r.name, [1.0, 1.0, 1.0])
-    line = next(x for x in benchmark.target_lines(rep) if "/ torch+weights plain" in x)
+    line = next(x for x in benchmark.goal_lines(rep) if "/ torch+weights plain" in x)
     assert line.startswith("✅ fast+weights / torch+weights plain: 0.80×")  # median of 0.8, 1.8, 0.7
     assert "per-round range 0.70–1.80" in line
 
@@ -221,13 +221,13 @@ def test_pytorchs_calls_are_timed_without_autograd_and_the_plain_path_skips_the_
     assert torch.backends.mha.get_fastpath_enabled()  # switched back on
 
 
-def test_target_lines_judge_each_goal_and_report_the_readable_path():
-    lines = benchmark.target_lines(_fake({"ours+SDPA": 0.62, "fast+weights": 0.95, "ours+weights": 1.3}))
+def test_goal_lines_judge_each_goal_and_report_the_readable_path():
+    lines = benchmark.goal_lines(_fake({"ours+SDPA": 0.62, "fast+weights": 0.95, "ours+weights": 1.3}))
     assert lines[0].startswith("✅ ours+SDPA / torch: 0.62×") and "goal ≤ 1.00×" in lines[0]
     assert lines[1].startswith("❌ fast+weights / torch+weights: 0.95×") and "goal ≤ 0.90×" in lines[1]
     assert lines[2].startswith("   ours+weights / torch+weights: 1.30×") and "measured" in lines[2]
-    assert benchmark.target_lines(_fake({"fast+weights": 0.9}))[0].startswith("✅")  # the bound is inclusive
-    assert benchmark.target_lines(_fake({"looped": 3.0})) == []
+    assert benchmark.goal_lines(_fake({"fast+weights": 0.9}))[0].startswith("✅")  # the bound is inclusive
+    assert benchmark.goal_lines(_fake({"looped": 3.0})) == []
 
 
 def test_table_and_json_report_every_result(report, tmp_path):
@@ -250,7 +250,7 @@ def test_plot_draws_one_line_per_implementation_over_lengths(report):
 
 
 def test_command_line_quick_mode_runs_the_target_and_writes_json(monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr(benchmark, "TARGET", TINY)
+    monkeypatch.setattr(benchmark, "QUICK", TINY)
     path = tmp_path / "benchmark.json"
     assert benchmark.main(["--quick", "--repeats", "1", "--no-memory", "--threads", "1", "--json", str(path)]) == 0
     out = capsys.readouterr().out

@@ -100,7 +100,7 @@ MATMUL = "matmul"
 #: the goals at B=8, L=512, d_model=512, h=8, causal: (implementation, the PyTorch call it is
 #: compared with, largest ratio); each is held to both of PyTorch's paths (fast path on and off).
 #: The readable path (ours+weights) is measured and reported, with no goal
-TARGETS = (
+GOALS = (
     ("ours+SDPA", "torch", 1.0),
     ("ours+SDPA", "torch plain", 1.0),
     ("fast+weights", "torch+weights", 0.9),
@@ -124,7 +124,7 @@ class Config:
         return f"B={self.batch} L={self.seq_len} d_model={self.d_model} h={self.num_heads} {mask}"
 
 
-TARGET = Config(8, 512, 512, 8, causal=True)
+QUICK = Config(8, 512, 512, 8, causal=True)
 
 
 @dataclass
@@ -283,7 +283,7 @@ def median_and_iqr(samples: list[float]) -> tuple[float, float]:
 
 
 def run(
-    configs=(TARGET,),
+    configs=(QUICK,),
     *,
     repeats: int = 5,
     names=IMPLEMENTATIONS,
@@ -390,12 +390,12 @@ def table(report: Report) -> str:
     return "\n".join(lines)
 
 
-def target_lines(report: Report, config: Config | None = None) -> list[str]:
-    """One line per goal (``TARGETS``, with ✅ or ❌) and per reported ratio (``REPORTED``)
-    measured at ``config`` (default ``TARGET``)."""
-    config = TARGET if config is None else config
+def goal_lines(report: Report, config: Config | None = None) -> list[str]:
+    """One line per goal (``GOALS``, with ✅ or ❌) and per reported ratio (``REPORTED``)
+    measured at ``config`` (default ``QUICK``)."""
+    config = QUICK if config is None else config
     lines = []
-    for name, ref, bound in (*TARGETS, *((n, r, None) for n, r in REPORTED)):
+    for name, ref, bound in (*GOALS, *((n, r, None) for n, r in REPORTED)):
         try:
             r, reference = report.get(config, name), report.get(config, ref)
         except StopIteration:
@@ -470,7 +470,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m mha_course.lessons.benchmark", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--quick", action="store_true", help="only the target configuration (B=8, L=512, causal)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="only the quick configuration (B=8, L=512, causal), checked against the speed goals",
+    )
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds per configuration (5; quick: 4)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurements")
@@ -480,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
     if args.quick:
-        configs = [TARGET]
+        configs = [QUICK]
     else:
         configs = [Config(b, n, causal=c) for c in (True, False) for b in (1, 8) for n in (128, 256, 512, 1024)]
     report = run(
@@ -493,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     print("machine: " + ", ".join(f"{k} {v}" for k, v in report.machine.items()))
     print()
     print(table(report))
-    print("\n".join(target_lines(report)))
+    print("\n".join(goal_lines(report)))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             f.write(to_json(report))

@@ -82,6 +82,7 @@ class SinkWindowCache:
             slots = self.num_sinks + self.window
             self.keys = k.new_zeros(B, h, slots, d)  # (B, h_kv, S + W, d_head)
             self.values = v.new_zeros(B, h, slots, v.shape[-1])
+            self.positions = self.positions.to(k.device)  # the valid mask goes where the keys are
         i = self.slot(self.seen)
         self.keys[:, :, i] = k[:, :, 0]
         self.values[:, :, i] = v[:, :, 0]
@@ -137,14 +138,17 @@ def gather_blocks(pool, block_table, length: int):
 class PagedKVCache:
     """K/V of many sequences in one pool of fixed-size blocks (vLLM's PagedAttention layout).
 
-    ``PagedKVCache(num_blocks, block_size, num_kv_heads, head_dim, dtype=torch.float32)`` allocates
-    ``key_pool`` and ``value_pool`` (num_blocks, h_kv, block_size, d). ``append(seq, k, v)`` writes
-    the new positions, k and v (h_kv, L_new, d), of sequence ``seq``, taking a free block whenever
-    the last one is full; ``block_tables[seq]`` lists its blocks in order. ``gather(seq)`` returns
-    its contiguous K, V (h_kv, L, d); ``free(seq)`` returns its blocks to the pool.
+    ``PagedKVCache(num_blocks, block_size, num_kv_heads, head_dim, dtype=torch.float32, device=None)``
+    allocates ``key_pool`` and ``value_pool`` (num_blocks, h_kv, block_size, d) on ``device``.
+    ``append(seq, k, v)`` writes the new positions, k and v (h_kv, L_new, d), of sequence ``seq``,
+    taking a free block whenever the last one is full; ``block_tables[seq]`` lists its blocks in
+    order. ``gather(seq)`` returns its contiguous K, V (h_kv, L, d); ``free(seq)`` returns its
+    blocks to the pool.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, *, dtype=torch.float32):
+    def __init__(
+        self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, *, dtype=torch.float32, device=None
+    ):
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
             validation.positive_int(name, value)
         shape = (
@@ -154,8 +158,8 @@ class PagedKVCache:
             validation.positive_int("head_dim", head_dim),
         )
         self.block_size = block_size
-        self.key_pool = torch.zeros(shape, dtype=dtype)  # (num_blocks, h_kv, block_size, d)
-        self.value_pool = torch.zeros(shape, dtype=dtype)
+        self.key_pool = torch.zeros(shape, dtype=dtype, device=device)  # (num_blocks, h_kv, block_size, d)
+        self.value_pool = torch.zeros(shape, dtype=dtype, device=device)
         self.free_blocks = list(range(num_blocks))
         self.block_tables: dict = {}
         self.lengths: dict = {}
@@ -181,7 +185,7 @@ class PagedKVCache:
             self.lengths[seq] = pos + 1
 
     def gather(self, seq):
-        table = torch.tensor(self.block_tables[seq])
+        table = torch.tensor(self.block_tables[seq], device=self.key_pool.device)
         length = self.lengths[seq]
         return gather_blocks(self.key_pool, table, length), gather_blocks(self.value_pool, table, length)
 

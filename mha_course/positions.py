@@ -39,16 +39,16 @@ LAYOUTS = ("half", "interleaved")
 # absolute positions and ALiBi
 
 
-def sinusoidal_positions(length: int, d_model: int, *, base: float = 10000.0) -> torch.Tensor:
-    """The fixed positional encoding of Vaswani et al. (2017), (length, d_model):
+def sinusoidal_positions(length: int, d_model: int, *, base: float = 10000.0, device=None) -> torch.Tensor:
+    """The fixed positional encoding of Vaswani et al. (2017), (length, d_model), float32 on ``device``:
     PE[p, 2i] = sin(p / base^(2i/d_model)), PE[p, 2i+1] = cos(p / base^(2i/d_model))."""
     _validate.positive_int("length", length)
     _validate.positive_int("d_model", d_model)
     if d_model % 2:
         raise ValueError(f"d_model must be even (sin and cos pairs), got {d_model}")
-    pos = torch.arange(length, dtype=torch.float32)[:, None]  # (L, 1)
-    freq = base ** (-torch.arange(0, d_model, 2, dtype=torch.float32) / d_model)  # (d_model/2,)
-    pe = torch.empty(length, d_model)
+    pos = torch.arange(length, dtype=torch.float32, device=device)[:, None]  # (L, 1)
+    freq = base ** (-torch.arange(0, d_model, 2, dtype=torch.float32, device=device) / d_model)  # (d_model/2,)
+    pe = torch.empty(length, d_model, device=device)
     pe[:, 0::2] = torch.sin(pos * freq)  # (L, d_model/2)
     pe[:, 1::2] = torch.cos(pos * freq)
     return pe

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import mha_course as mc
-from mha_course import device_check, tiled
+from mha_course import cache_schemes, device_check, tiled
 from mha_course.block import Encoder
 from mha_course.fast import FastMultiHeadAttention
 
@@ -56,6 +56,36 @@ def run_public_api(device: str, dtype=torch.float32) -> dict[str, torch.Tensor]:
     out["gqa_step"], _ = gqa(x[:, :1], cache=cache, is_causal=True)
     out["repeat"] = mc.repeat_kv(k, 2)
     out["encoder"] = enc(x, mask=pad)
+    out.update(run_positions_decoders_and_caches(device, dtype, randn))
+    return out
+
+
+def run_positions_decoders_and_caches(device: str, dtype, randn) -> dict[str, torch.Tensor]:
+    """Notebooks 11 and 12's public API: positions, the Llama decoder, latent attention, the caches."""
+    B, L, d, h, hd = 2, 6, 16, 4, 4
+    out = {"sinusoidal": mc.sinusoidal_positions(L, d, device=device).to(dtype)}  # float32 by definition
+    out["alibi"] = mc.alibi_bias(h, L, device=device).to(dtype)
+    out["rope"] = mc.apply_rope(randn(B, h, L, hd), torch.arange(L, device=device))
+    config = mc.DecoderConfig(vocab_size=50, d_model=d, num_layers=2, num_heads=h, num_kv_heads=2, d_ff=2 * d)
+    with torch.device(device):
+        rotary = mc.RotaryEmbedding(hd)
+        gqa = mc.GroupedQueryAttention(d, h, 2)
+        decoder = mc.LlamaDecoder(config)
+        mla = mc.MultiHeadLatentAttention(d, h, kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=4)
+        ids = torch.zeros(B, L, dtype=torch.long)
+    for m in (rotary, gqa, decoder, mla):
+        m.to(dtype)
+    x = randn(B, L, d)
+    out["gqa_rope"], _ = gqa(x, cache=mc.KVCache(), is_causal=True, rope=rotary)
+    out["logits"] = decoder(ids, caches=[mc.KVCache() for _ in range(config.num_layers)])
+    out["mla"], _ = mla(x, cache=mc.LatentCache())
+    out["mla_absorbed"], _ = mla(x, cache=mc.LatentCache(), absorb=True)
+    out["sink_window"], _ = cache_schemes.decode_with_sink_window(*(randn(B, 2, L, hd) for _ in range(3)), 3, 1)
+    paged = mc.PagedKVCache(4, 2, 2, hd, dtype=dtype, device=device)
+    paged.append(0, randn(2, 3, hd), randn(2, 3, hd))
+    out["paged_k"], out["paged_v"] = paged.gather(0)
+    int8 = mc.Int8KVCache()
+    out["int8_k"], out["int8_v"] = int8.update(randn(B, 2, L, hd), randn(B, 2, L, hd))
     return out
 
 

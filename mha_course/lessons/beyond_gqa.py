@@ -198,7 +198,7 @@ def draw_patterns(seq_len: int = 16, window: int = 4, num_sinks: int = 2, block_
     }
     fig, axes = plt.subplots(1, 3, figsize=(11, 3.7))
     for ax, (name, mask) in zip(axes, masks.items(), strict=True):
-        ax.imshow(mask.numpy(), cmap="Blues", vmin=0, vmax=1.3)
+        ax.imshow(mask.cpu().numpy(), cmap="Blues", vmin=0, vmax=1.3)
         for b in range(block_size, seq_len, block_size):
             ax.axvline(b - 0.5, color="gray", lw=0.6, ls=":")
         ax.set(title=f"{name}: {int(mask[-1].sum())} keys", xlabel="key position", ylabel="query position")
@@ -265,7 +265,7 @@ def draw_explorer(
         mask = sink_window_mask(toy, min(toy_window, toy), min(num_sinks, toy))
     else:
         mask = sink_window_mask(toy, toy)
-    right.imshow(mask.numpy(), cmap="Blues", vmin=0, vmax=1.3)
+    right.imshow(mask.cpu().numpy(), cmap="Blues", vmin=0, vmax=1.3)
     right.set(title=f"keys read at toy scale ({toy} tokens)", xlabel="key position", ylabel="query position")
     fig.suptitle(f"{model}: {cfg.num_layers} layers, {cfg.num_heads} heads of {cfg.head_dim}")
     fig.tight_layout()

@@ -24,7 +24,7 @@ def draw_tiles(masks: dict, block_size: int):
     for ax, (name, mask) in zip(axes[0], masks.items(), strict=True):
         states = tile_states(mask, block_size)
         computed, skipped, total = tile_counts(mask, block_size)
-        im = ax.imshow(states.numpy(), cmap=cmap, vmin=-0.5, vmax=2.5)
+        im = ax.imshow(states.cpu().numpy(), cmap=cmap, vmin=-0.5, vmax=2.5)
         ax.set_title(f"{name}\n{computed} of {total} tiles computed, {skipped} skipped")
         ax.set_xlabel(f"key block (size {block_size})")
         ax.set_ylabel(f"query block (size {block_size})")

@@ -399,7 +399,7 @@ def draw_grid(maps, tokens: Sequence[str], *, title: str | None = None):
     for layer in range(n_layers):
         for head in range(h):
             ax = axes[layer, head]
-            im = ax.imshow(maps[layer, head].detach().float().numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
+            im = ax.imshow(maps[layer, head].detach().float().cpu().numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
             ax.set_xticks([])
             ax.set_yticks([])
             if layer == 0:

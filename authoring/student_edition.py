@@ -349,9 +349,15 @@ def guide_reference_markdown(found: list[Exercise] | None = None) -> str:
 
 
 def guide_text(found: list[Exercise] | None = None) -> str:
-    """docs/instructor_guide.md with its generated exercise reference brought up to date."""
+    """docs/instructor_guide.md with its generated blocks brought up to date: the exercise
+    reference, the nbgrader points per exercise and the hub links per notebook."""
+    from . import classroom, grading
+
+    found = exercises() if found is None else found
     text = GUIDE.read_text(encoding="utf-8")
-    return notebook_tools.replace_block(text, "exercise-reference", guide_reference_markdown(found))
+    text = notebook_tools.replace_block(text, "exercise-reference", guide_reference_markdown(found))
+    text = notebook_tools.replace_block(text, "nbgrader-points", grading.points_table(found))
+    return notebook_tools.replace_block(text, "hub-links", classroom.hub_links_markdown())
 
 
 # ---------------------------------------------------------------------------------------------

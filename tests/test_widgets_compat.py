@@ -84,7 +84,8 @@ def test_quiz_widget_answers_every_choice(key):
         title, radio, note = box.children[3 * i : 3 * i + 3]
         assert isinstance(title, W.HTML) and isinstance(radio, W.RadioButtons) and isinstance(note, W.HTML)
         assert html.escape(question["question"]) in title.value
-        assert list(radio._options_labels) == [o["text"] for o in question["options"]]  # what the front end lists
+        labels = [f"{quiz.letter(j)}) {o['text']}" for j, o in enumerate(question["options"])]
+        assert list(radio._options_labels) == labels  # what the front end lists: lettered as the static quiz
         assert radio.value is None and radio.index is None and note.value == "", "nothing is picked at first"
         for j, option in enumerate(question["options"]):
             radio.set_state({"index": j})  # a click in the front end

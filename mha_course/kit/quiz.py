@@ -8,7 +8,9 @@ The questions of notebook NN live in ``mha_course/kit/quizzes/NN.json``::
 
 ``show("01")`` displays a static version first (questions, with the answers in collapsible
 blocks: what GitHub, nbviewer and a printed page show), then an ipywidgets quiz that gives
-immediate feedback on each choice (the API common to ipywidgets 7 and 8).
+immediate feedback on each choice (the API common to ipywidgets 7 and 8). Both show the options
+in the file's order, lettered a), b), c), …, so a reader of either sees the same quiz; the files
+spread the correct option's position over the letters (tests/test_quizzes.py checks it).
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ def validate(quiz: dict) -> list[str]:
     """Problems with a quiz's structure (empty list when it is fine)."""
     problems = []
     questions = quiz.get("questions", [])
-    if not 3 <= len(questions) <= 5:
-        problems.append(f"needs 3–5 questions, has {len(questions)}")
+    if not 4 <= len(questions) <= 6:
+        problems.append(f"needs 4–6 questions, has {len(questions)}")
     for i, q in enumerate(questions, 1):
         if not q.get("question") or not q.get("section"):
             problems.append(f"question {i} needs 'question' and 'section'")
@@ -43,19 +45,24 @@ def validate(quiz: dict) -> list[str]:
     return problems
 
 
+def letter(index: int) -> str:
+    """The letter of option ``index`` (0 -> "a"), the same in the static quiz and the widget."""
+    return chr(97 + index)
+
+
 def static_markdown(quiz: dict) -> str:
     """The quiz as Markdown: each question, its options, and a collapsible answer."""
     lines = ["**Self-check quiz** (the interactive version is below when a kernel runs)", ""]
     for i, q in enumerate(quiz["questions"], 1):
         lines += [f"**Q{i}.** {q['question']}", ""]
-        lines += [f"- **{chr(97 + j)})** {o['text']}" for j, o in enumerate(q["options"])]
+        lines += [f"- **{letter(j)})** {o['text']}" for j, o in enumerate(q["options"])]
         answer = next(j for j, o in enumerate(q["options"]) if o["correct"])
         lines += ["", "<details><summary>Answer</summary>", ""]
         lines += [
-            f"- **{chr(97 + j)})** {'✅' if o['correct'] else '❌'} {o['explanation']}"
+            f"- **{letter(j)})** {'✅' if o['correct'] else '❌'} {o['explanation']}"
             for j, o in enumerate(q["options"])
         ]
-        lines += ["", f"Correct: **{chr(97 + answer)})** — see *{q['section']}*.", "", "</details>", ""]
+        lines += ["", f"Correct: **{letter(answer)})** — see *{q['section']}*.", "", "</details>", ""]
     return "\n".join(lines)
 
 
@@ -74,7 +81,7 @@ def widget(quiz: dict):
 
     rows = []
     for i, q in enumerate(quiz["questions"], 1):
-        labels = [o["text"] for o in q["options"]]
+        labels = [f"{letter(j)}) {o['text']}" for j, o in enumerate(q["options"])]
         radio = W.RadioButtons(
             options=[(t, j) for j, t in enumerate(labels)], value=None, layout=W.Layout(width="auto")
         )

@@ -11,7 +11,8 @@ docs/site/conf.py). Before the build this module writes a staging copy of the pa
 * ``notebooks/NN_*.ipynb``: every numbered notebook (new ones are picked up by their name), with
   text links to Colab and to the student edition instead of the Colab badge image (the site works
   offline, so it loads nothing from elsewhere) and, in place of each widget, a note that the
-  controls need a running kernel (the static figure before it stays); progress bars are dropped;
+  controls need a running kernel (the static figure before it stays); a finished progress bar shows
+  its final text, one stored as its first frame is dropped;
 * ``notebooks/student/``: the student edition, offered as downloads;
 * ``instructor_guide.md`` and ``exercise_reference.md``: docs/instructor_guide.md, split where its
   generated exercise reference begins.
@@ -36,6 +37,10 @@ DEFAULT_OUT = ROOT / "_site"
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+#: a tqdm bar's text: "desc:  40%|████      | 2/5 ..." (first frame, timing, or the final text)
+PROGRESS_RE = re.compile(r"\d{1,3}%\|[^|\n]*\| *[\d.]+\w?/[\d.]+\w?")
+#: a bar's stored final text (mha_course.kit.progress): the count and nothing after it
+FINISHED_RE = re.compile(r"\| *(?P<n>[\d.]+\w?)/(?P<total>[\d.]+\w?)\s*$")
 LINK_RE = re.compile(r"(?<!!)\[([^\]]*)\]\(([^)\s]+)\)")
 EXERCISE_REFERENCE = "## Exercise reference (generated)"
 
@@ -187,8 +192,11 @@ def notebook_page(nb: dict, rel: str, student_rel: str | None) -> dict:
                 continue
             names = _models_below(state, view.get("model_id", ""))
             plain = "".join(out["data"].get("text/plain", ""))
-            if names & {"FloatProgressModel", "IntProgressModel"} or "it/s]" in plain:
-                continue  # a progress bar: nothing to show on a page
+            if names & {"FloatProgressModel", "IntProgressModel"} or "it/s]" in plain or PROGRESS_RE.search(plain):
+                finished = FINISHED_RE.search(plain)
+                if finished and finished["n"] == finished["total"]:  # the bar's final text, as text
+                    outputs.append({"output_type": "display_data", "data": {"text/plain": plain}, "metadata": {}})
+                continue  # a bar stored as its first frame says nothing on a page
             # an explorer shows its static figure first; a quiz, a prediction or a hint ladder its text
             after_figure = bool(outputs) and "image/png" in outputs[-1].get("data", {})
             outputs.append(_widget_note("explorer" if after_figure else "interactive", colab_url_for(rel)))

@@ -406,3 +406,63 @@ def test_the_test_command_prints_each_skips_reason(tmp_path):
     assert result.returncode == 0, result.stdout[-2000:]
     assert re.search(r"SKIPPED \[1\] \S*test_skips.py:\d+: Chromium is not installed here", summary), summary
     assert re.search(r"SKIPPED \[1\] \S*test_skips.py:\d+: no GPU on this machine", summary), summary
+
+
+# --- progress bars: stored as finished (mha_course.kit.progress), read from the committed files ---
+
+#: notebooks executed before their bars were stored finished: re-execute each (`python -m authoring
+#: execute notebooks/NN_x.ipynb`) and remove it here; 04 and 12 create their bar in the notebook
+#: itself, so their cell must use mha_course.kit.progress.progress_bar instead of tqdm first
+PROGRESS_BARS_NOT_YET_REEXECUTED = {
+    "04_batched_implementation",
+    "07_do_heads_specialize",
+    "09_efficient_attention",
+    "10_transformer_block_and_debugging",
+    "12_beyond_gqa",
+}
+_BAR = re.compile(r"\d{1,3}%\|[^|\n]*\| *[\d.]+\w?/[\d.]+\w?")
+
+
+def _stored_bars(path) -> list[str]:
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    texts = []
+    for cell in nb["cells"]:
+        for out in cell.get("outputs", []):
+            plain = "".join(out.get("data", {}).get("text/plain", ""))
+            if "application/vnd.jupyter.widget-view+json" in out.get("data", {}) and _BAR.search(plain):
+                texts.append(plain)
+    return texts
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param(
+            p,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason=f"re-execute {p.name}: its progress bars are stored as their first frame",
+            ),
+        )
+        if p.stem in PROGRESS_BARS_NOT_YET_REEXECUTED
+        else p
+        for p in NOTEBOOKS
+    ],
+    ids=lambda p: p.stem,
+)
+def test_progress_bars_are_stored_finished(path):
+    """GitHub, nbviewer and the site show a bar's stored text: it must be the finished bar, its count
+    complete and no timing (mha_course.kit.progress.progress_bar stores it so)."""
+    for text in _stored_bars(path):
+        match = re.search(r"\| *([\d.]+\w?)/([\d.]+\w?)$", text)
+        assert match and match[1] == match[2] and "100%" in text, (
+            f"{path.name} stores a bar as {text!r}: create it with mha_course.kit.progress.progress_bar "
+            "and re-execute the notebook"
+        )
+
+
+def test_the_list_of_notebooks_to_reexecute_names_only_notebooks_with_bars():
+    stems = {p.stem for p in NOTEBOOKS}
+    assert PROGRESS_BARS_NOT_YET_REEXECUTED <= stems
+    for stem in PROGRESS_BARS_NOT_YET_REEXECUTED:
+        assert _stored_bars(ROOT / "notebooks" / f"{stem}.ipynb"), f"{stem} shows no progress bar: remove it"

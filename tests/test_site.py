@@ -312,3 +312,26 @@ def test_a_new_notebooks_widgets_become_notes_and_its_progress_bars_go():
     assert progress == []
     assert len(quiz) == 1 and "answers interactively" in quiz[0]["data"]["text/html"]
     assert all('class="widget-note"' in out["data"]["text/html"] for out in (explorer[1], quiz[0]))
+
+
+def test_a_finished_progress_bar_shows_its_final_text_and_a_first_frame_goes():
+    """mha_course.kit.progress stores a finished bar as its final text: the page shows that text
+    (no widget data); a bar stored as its first frame ("0%| 0/9") says nothing and goes."""
+    state = {
+        "p0": {"model_name": "HBoxModel", "state": {"children": ["IPY_MODEL_p1"]}},
+        "p1": {"model_name": "FloatProgressModel", "state": {}},
+    }
+    finished, first_frame = "train: 100%|██████████| 9/9", "train:   0%|          | 0/9 [00:00<?, ?it/s]"
+    nb = {
+        "cells": [
+            {"cell_type": "code", "metadata": {}, "source": "", "outputs": [_widget_output("p0", finished)]},
+            {"cell_type": "code", "metadata": {}, "source": "", "outputs": [_widget_output("p0", first_frame)]},
+            {"cell_type": "code", "metadata": {}, "source": "", "outputs": [_widget_output("zz", finished)]},
+        ],
+        "metadata": {"widgets": {site.WIDGET_STATE: {"state": state}}},
+    }
+    page = site.notebook_page(nb, "notebooks/99_new.ipynb", None)
+    shown, gone, without_state = (c["outputs"] for c in page["cells"][1:])  # after the links cell
+    assert shown == [{"output_type": "display_data", "data": {"text/plain": finished}, "metadata": {}}]
+    assert gone == []
+    assert without_state == shown, "recognised by its text when the widget state does not name it"

@@ -2,6 +2,8 @@
 
     python -m authoring.site [OUT]    build the site into OUT (default: _site/ at the repository root)
     python3 course.py site            the same, after installing the `site` extra into .venv/
+    python -m authoring.site --cjk-font PATH   remake docs/site/_static/fonts/cjk-subset.woff from a
+                                      CJK font (after adding Chinese text; needs no network)
 
 Sphinx with MyST-NB renders what the notebooks store; nothing is executed (the configuration is
 docs/site/conf.py). Before the build this module writes a staging copy of the pages:
@@ -34,6 +36,21 @@ from authoring.notebooks import BADGE_RE, ROOT, colab_url_for, numbered_notebook
 
 CONF_DIR = ROOT / "docs" / "site"
 DEFAULT_OUT = ROOT / "_site"
+#: the Chinese of the glossary, for machines without a CJK font: a subset of Noto Sans CJK SC (SIL
+#: Open Font License 1.1) to exactly the CJK characters the site uses, made by ``--cjk-font``
+CJK_FONT = CONF_DIR / "_static" / "fonts" / "cjk-subset.woff"
+#: what counts as CJK here (and the unicode-range of course.css's @font-face, which must agree):
+#: radicals, CJK punctuation, kana, ideographs (and extension A), compatibility ideographs,
+#: Hangul syllables, full-width forms such as （ ）
+CJK_RANGES = (
+    (0x2E80, 0x2FDF),
+    (0x3000, 0x30FF),
+    (0x3400, 0x4DBF),
+    (0x4E00, 0x9FFF),
+    (0xAC00, 0xD7AF),
+    (0xF900, 0xFAFF),
+    (0xFF00, 0xFFEF),
+)
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
@@ -263,6 +280,51 @@ def prune_mathjax(folder: Path) -> None:
             path.rmdir()
 
 
+def cjk_characters(text: str) -> set[str]:
+    """The characters of ``text`` in CJK_RANGES."""
+    return {ch for ch in set(text) if any(lo <= ord(ch) <= hi for lo, hi in CJK_RANGES)}
+
+
+def staged_cjk_characters() -> set[str]:
+    """Every CJK character of the site's source pages (as staged: README, notebooks, guide)."""
+    with tempfile.TemporaryDirectory(prefix="mha-site-") as tmp:
+        stage(Path(tmp))
+        return set().union(*(cjk_characters(p.read_text(encoding="utf-8")) for p in Path(tmp).rglob("*.*")))
+
+
+def make_cjk_font(source: Path, out: Path = CJK_FONT) -> tuple[set[str], int]:
+    """Subset the CJK font ``source`` (e.g. Debian's fonts-noto-cjk NotoSansCJK-Regular.ttc; in a
+    collection, its Simplified Chinese member) to the characters of :func:`staged_cjk_characters`,
+    as WOFF, into ``out``; its copyright and licence names stay in the font. Returns (the
+    characters, the file's size). An authoring step: the result is committed, CI needs no CJK font."""
+    from fontTools import subset
+    from fontTools.ttLib import TTCollection, TTFont
+
+    source = Path(source)
+    number = 0
+    if source.suffix.lower() in (".ttc", ".otc"):
+        names = [f["name"].getDebugName(1) or "" for f in TTCollection(source).fonts]
+        number = next((i for i, n in enumerate(names) if n.endswith(" SC") and "Mono" not in n), 0)
+    font = TTFont(source, fontNumber=number)
+    characters = staged_cjk_characters()
+    missing = sorted(ch for ch in characters if ord(ch) not in font.getBestCmap())
+    if missing:
+        raise SystemExit(f"{source} lacks {''.join(missing)}: choose a font that covers them")
+    options = subset.Options()
+    options.flavor = "woff"  # zlib: fontTools needs no brotli for it, and every browser reads it
+    options.layout_features = []  # isolated glossary terms: no ligatures or vertical forms needed
+    options.hinting = False
+    options.name_IDs = [0, 1, 2, 3, 4, 5, 6, 13, 14]  # copyright, names, licence and its URL
+    options.name_languages = [0x409]
+    subsetter = subset.Subsetter(options)
+    subsetter.populate(unicodes=sorted(ord(ch) for ch in characters))
+    subsetter.subset(font)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    font.flavor = "woff"
+    font.save(out)
+    return characters, out.stat().st_size
+
+
 def site_size(out: Path) -> int:
     return sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
 
@@ -270,6 +332,14 @@ def site_size(out: Path) -> int:
 def main(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__)
+        return 0
+    if argv and argv[0] == "--cjk-font":
+        if len(argv) != 2:
+            print("usage: python -m authoring.site --cjk-font PATH (e.g. Debian's fonts-noto-cjk")
+            print("       /usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc)")
+            return 2
+        characters, size = make_cjk_font(Path(argv[1]))
+        print(f"{CJK_FONT.relative_to(ROOT)}: {len(characters)} characters, {size:,} bytes")
         return 0
     out = Path(argv[0]) if argv else DEFAULT_OUT
     start = time.perf_counter()

@@ -15,6 +15,10 @@ PyTorch: pip's default torch on Linux is the CUDA build (about 3-4 GB with its N
 whether or not the machine has a GPU. Without a GPU, `--cpu-torch` installs PyTorch's CPU-only
 build first (about 200 MB) from https://download.pytorch.org/whl/cpu; the course runs the same on
 either build. An installed torch is never replaced.
+
+Before pip starts, course.py checks that the index it is about to use answers (PyTorch's CPU index,
+then PIP_INDEX_URL, pip's configured index or PyPI; none with PIP_NO_INDEX); if one does not, or
+pip fails, it ends with one line saying what failed and what to do, and a non-zero exit status.
 """
 
 from __future__ import annotations
@@ -54,15 +58,31 @@ def installed_torch() -> str | None:
     return result.stdout.strip() if result.returncode == 0 else None
 
 
+def _pip_config() -> dict[str, str]:
+    """pip's configuration files, as `pip config list` reads them (e.g. {'global.index-url': URL})."""
+    listed = subprocess.run([str(PY), "-m", "pip", "config", "list"], capture_output=True, text=True)
+    pairs = (line.partition("=") for line in listed.stdout.splitlines())
+    return {key.strip(): value.strip().strip("'\"") for key, _, value in pairs}
+
+
+def no_index() -> bool:
+    """True when pip is told to use no index (PIP_NO_INDEX, or no-index in pip's configuration):
+    it installs from --find-links alone, e.g. a wheelhouse, and there is no index to check."""
+    truthy = ("1", "true", "yes", "on")
+    if os.environ.get("PIP_NO_INDEX", "").lower() in truthy:
+        return True
+    config = _pip_config()
+    return any(config.get(f"{section}.no-index", "").lower() in truthy for section in ("global", "install"))
+
+
 def pip_index() -> tuple[str, str]:
     """The index pip installs the requirements from, and where that choice comes from."""
     if os.environ.get("PIP_INDEX_URL"):
         return os.environ["PIP_INDEX_URL"], "PIP_INDEX_URL"
-    listed = subprocess.run([str(PY), "-m", "pip", "config", "list"], capture_output=True, text=True)
-    for line in listed.stdout.splitlines():  # e.g. global.index-url='https://mirror.example/simple'
-        key, _, value = line.partition("=")
-        if key.strip() in ("global.index-url", "install.index-url") and value.strip("'\" "):
-            return value.strip("'\" "), "pip's configuration (pip config list)"
+    config = _pip_config()
+    for key in ("install.index-url", "global.index-url"):
+        if config.get(key):
+            return config[key], "pip's configuration (pip config list)"
     return PYPI_INDEX, "PyPI, pip's default"
 
 
@@ -97,7 +117,7 @@ def pip_install(args: list[str], what: str) -> None:
 
 
 def check_cpu_index() -> None:
-    why = unreachable(CPU_INDEX)
+    why = None if no_index() else unreachable(CPU_INDEX)
     if why:
         raise SetupError(
             f"PyTorch's CPU-only index {CPU_INDEX} cannot be reached ({why}), so nothing was installed: "
@@ -108,6 +128,8 @@ def check_cpu_index() -> None:
 
 
 def check_requirements_index() -> None:
+    if no_index():
+        return
     url, origin = pip_index()
     why = unreachable(url)
     if why:

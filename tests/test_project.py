@@ -313,6 +313,16 @@ def test_a_failing_pip_ends_in_one_line_and_a_non_zero_exit(course_copy, empty_i
     )
 
 
+@pytest.mark.slow
+def test_with_pip_no_index_there_is_no_index_to_check(course_copy):
+    """PIP_NO_INDEX (a wheelhouse via PIP_FIND_LINKS): pip reads no index, so course.py checks none."""
+    url = f"http://127.0.0.1:{_closed_port()}/simple"
+    result = course_copy(["lab"], env={"PIP_INDEX_URL": url, "PIP_NO_INDEX": "1"})
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "cannot be reached" not in result.stderr
+    assert _last_line(result).startswith("course.py: installing the course's requirements (requirements.txt)")
+
+
 def test_index_probe_tells_answers_from_silence(silent_index, empty_index):
     course = _course_module()
     assert course.unreachable(empty_index, timeout=5) is None, "a 404 is an answer"

@@ -388,3 +388,53 @@ def test_every_audited_exercise_has_two_alternatives():
 @pytest.mark.parametrize("fn", [_sdpa_einsum_where, _sdpa_exp_by_hand], ids=lambda f: f.__name__)
 def test_sdpa_alternatives_pass_the_stretch_check(fn):
     assert mc.check.scaled_dot_product_attention(fn, fully_masked_rows=True).passed
+
+
+# --- diagnoses name only what the code does ---------------------------------------------------------
+
+
+def _first_output(y):
+    return y[0] if isinstance(y, (tuple, list)) else y
+
+
+def _leaks_next_position_only(layer, x):
+    """Wrong: output t is compared only after changing input t + 1 (it changes every input, one at
+    a time, and never only the last one)."""
+    before = _first_output(layer(x))
+    for t in range(x.shape[1] - 1):
+        x2 = x.clone()
+        x2[:, t + 1] += 1.0
+        if not torch.equal(before[:, t], _first_output(layer(x2))[:, t]):
+            return True
+    return False
+
+
+def test_a_leak_test_that_changes_each_next_input_is_not_told_it_changed_only_the_last():
+    result = mc.check.leaks_future(_leaks_next_position_only)
+    assert not result.passed and "position 1 reads position 4" in result.details
+    assert "changing only the last input" not in result.message, "that code changes every input"
+    assert "the one right after t" in result.message and "change every input after t" in result.message
+
+
+def _jacrev_importance(loss_fn, batch_size, num_heads):
+    jac = torch.func.jacrev(loss_fn)(torch.ones(batch_size, num_heads, dtype=torch.float64))  # (B, B, h)
+    return torch.einsum("bbh->bh", jac).abs().mean(dim=0)
+
+
+def _online_in_place(row_max, row_sum, acc, scores, v):
+    new_max = torch.maximum(row_max, scores.amax(dim=-1, keepdim=True))
+    safe = new_max.nan_to_num(neginf=0.0)  # a row that has seen only -inf: exp(-inf - 0) = 0
+    alpha = torch.exp(row_max - safe)
+    p = torch.exp(scores - safe)
+    row_sum.mul_(alpha).add_(p.sum(dim=-1, keepdim=True))
+    acc.mul_(alpha).add_(p @ v)
+    return new_max, row_sum, acc
+
+
+@pytest.mark.parametrize(
+    ("checker", "fn"),
+    [("gradient_importance", _jacrev_importance), ("online_softmax_update", _online_in_place)],
+    ids=["gradient_importance-jacrev", "online_softmax_update-in_place"],
+)
+def test_more_alternatives_pass(checker, fn):
+    assert mc.check.CHECKERS[checker](fn).passed

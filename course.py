@@ -60,8 +60,11 @@ def installed_torch() -> str | None:
 
 def _pip_config() -> dict[str, str]:
     """pip's configuration files, as `pip config list` reads them (e.g. {'global.index-url': URL})."""
-    listed = subprocess.run([str(PY), "-m", "pip", "config", "list"], capture_output=True, text=True)
-    pairs = (line.partition("=") for line in listed.stdout.splitlines())
+    try:
+        listed = subprocess.run([str(PY), "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+    except OSError:  # no .venv/ python to ask: no configuration read
+        listed = ""
+    pairs = (line.partition("=") for line in listed.splitlines())
     return {key.strip(): value.strip().strip("'\"") for key, _, value in pairs}
 
 
@@ -123,7 +126,7 @@ def check_cpu_index() -> None:
             f"PyTorch's CPU-only index {CPU_INDEX} cannot be reached ({why}), so nothing was installed: "
             "check the network or proxy (HTTPS_PROXY), or run again without --cpu-torch (torch then comes "
             "from PyPI or PIP_INDEX_URL: on Linux the 3-4 GB CUDA build), or install torch into .venv/ "
-            f"yourself ({PY} -m pip install torch) and run again"
+            f"yourself ({PY} -m pip install torch, from a wheel or an index that answers) and run again"
         )
 
 

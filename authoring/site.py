@@ -2,6 +2,8 @@
 
     python -m authoring.site [OUT]    build the site into OUT (default: _site/ at the repository root)
     python3 course.py site            the same, after installing the `site` extra into .venv/
+    python -m authoring.site --cjk-font PATH   remake docs/site/_static/fonts/cjk-subset.woff from a
+                                      CJK font (after adding Chinese text; needs no network)
 
 Sphinx with MyST-NB renders what the notebooks store; nothing is executed (the configuration is
 docs/site/conf.py). Before the build this module writes a staging copy of the pages:
@@ -11,7 +13,8 @@ docs/site/conf.py). Before the build this module writes a staging copy of the pa
 * ``notebooks/NN_*.ipynb``: every numbered notebook (new ones are picked up by their name), with
   text links to Colab and to the student edition instead of the Colab badge image (the site works
   offline, so it loads nothing from elsewhere) and, in place of each widget, a note that the
-  controls need a running kernel (the static figure before it stays); progress bars are dropped;
+  controls need a running kernel (the static figure before it stays); a finished progress bar shows
+  its final text, one stored as its first frame is dropped;
 * ``notebooks/student/``: the student edition, offered as downloads;
 * ``instructor_guide.md`` and ``exercise_reference.md``: docs/instructor_guide.md, split where its
   generated exercise reference begins.
@@ -33,9 +36,28 @@ from authoring.notebooks import BADGE_RE, ROOT, colab_url_for, numbered_notebook
 
 CONF_DIR = ROOT / "docs" / "site"
 DEFAULT_OUT = ROOT / "_site"
+#: the Chinese of the glossary, for machines without a CJK font: a subset of Noto Sans CJK SC (SIL
+#: Open Font License 1.1) to exactly the CJK characters the site uses, made by ``--cjk-font``
+CJK_FONT = CONF_DIR / "_static" / "fonts" / "cjk-subset.woff"
+#: what counts as CJK here (and the unicode-range of course.css's @font-face, which must agree):
+#: radicals, CJK punctuation, kana, ideographs (and extension A), compatibility ideographs,
+#: Hangul syllables, full-width forms such as （ ）
+CJK_RANGES = (
+    (0x2E80, 0x2FDF),
+    (0x3000, 0x30FF),
+    (0x3400, 0x4DBF),
+    (0x4E00, 0x9FFF),
+    (0xAC00, 0xD7AF),
+    (0xF900, 0xFAFF),
+    (0xFF00, 0xFFEF),
+)
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+#: a tqdm bar's text: "desc:  40%|████      | 2/5 ..." (first frame, timing, or the final text)
+PROGRESS_RE = re.compile(r"\d{1,3}%\|[^|\n]*\| *[\d.]+\w?/[\d.]+\w?")
+#: a bar's stored final text (mha_course.kit.progress): the count and nothing after it
+FINISHED_RE = re.compile(r"\| *(?P<n>[\d.]+\w?)/(?P<total>[\d.]+\w?)\s*$")
 LINK_RE = re.compile(r"(?<!!)\[([^\]]*)\]\(([^)\s]+)\)")
 EXERCISE_REFERENCE = "## Exercise reference (generated)"
 
@@ -187,8 +209,11 @@ def notebook_page(nb: dict, rel: str, student_rel: str | None) -> dict:
                 continue
             names = _models_below(state, view.get("model_id", ""))
             plain = "".join(out["data"].get("text/plain", ""))
-            if names & {"FloatProgressModel", "IntProgressModel"} or "it/s]" in plain:
-                continue  # a progress bar: nothing to show on a page
+            if names & {"FloatProgressModel", "IntProgressModel"} or "it/s]" in plain or PROGRESS_RE.search(plain):
+                finished = FINISHED_RE.search(plain)
+                if finished and finished["n"] == finished["total"]:  # the bar's final text, as text
+                    outputs.append({"output_type": "display_data", "data": {"text/plain": plain}, "metadata": {}})
+                continue  # a bar stored as its first frame says nothing on a page
             # an explorer shows its static figure first; a quiz, a prediction or a hint ladder its text
             after_figure = bool(outputs) and "image/png" in outputs[-1].get("data", {})
             outputs.append(_widget_note("explorer" if after_figure else "interactive", colab_url_for(rel)))
@@ -255,6 +280,51 @@ def prune_mathjax(folder: Path) -> None:
             path.rmdir()
 
 
+def cjk_characters(text: str) -> set[str]:
+    """The characters of ``text`` in CJK_RANGES."""
+    return {ch for ch in set(text) if any(lo <= ord(ch) <= hi for lo, hi in CJK_RANGES)}
+
+
+def staged_cjk_characters() -> set[str]:
+    """Every CJK character of the site's source pages (as staged: README, notebooks, guide)."""
+    with tempfile.TemporaryDirectory(prefix="mha-site-") as tmp:
+        stage(Path(tmp))
+        return set().union(*(cjk_characters(p.read_text(encoding="utf-8")) for p in Path(tmp).rglob("*.*")))
+
+
+def make_cjk_font(source: Path, out: Path = CJK_FONT) -> tuple[set[str], int]:
+    """Subset the CJK font ``source`` (e.g. Debian's fonts-noto-cjk NotoSansCJK-Regular.ttc; in a
+    collection, its Simplified Chinese member) to the characters of :func:`staged_cjk_characters`,
+    as WOFF, into ``out``; its copyright and licence names stay in the font. Returns (the
+    characters, the file's size). An authoring step: the result is committed, CI needs no CJK font."""
+    from fontTools import subset
+    from fontTools.ttLib import TTCollection, TTFont
+
+    source = Path(source)
+    number = 0
+    if source.suffix.lower() in (".ttc", ".otc"):
+        names = [f["name"].getDebugName(1) or "" for f in TTCollection(source).fonts]
+        number = next((i for i, n in enumerate(names) if n.endswith(" SC") and "Mono" not in n), 0)
+    font = TTFont(source, fontNumber=number)
+    characters = staged_cjk_characters()
+    missing = sorted(ch for ch in characters if ord(ch) not in font.getBestCmap())
+    if missing:
+        raise SystemExit(f"{source} lacks {''.join(missing)}: choose a font that covers them")
+    options = subset.Options()
+    options.flavor = "woff"  # zlib: fontTools needs no brotli for it, and every browser reads it
+    options.layout_features = []  # isolated glossary terms: no ligatures or vertical forms needed
+    options.hinting = False
+    options.name_IDs = [0, 1, 2, 3, 4, 5, 6, 13, 14]  # copyright, names, licence and its URL
+    options.name_languages = [0x409]
+    subsetter = subset.Subsetter(options)
+    subsetter.populate(unicodes=sorted(ord(ch) for ch in characters))
+    subsetter.subset(font)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    font.flavor = "woff"
+    font.save(out)
+    return characters, out.stat().st_size
+
+
 def site_size(out: Path) -> int:
     return sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
 
@@ -262,6 +332,14 @@ def site_size(out: Path) -> int:
 def main(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__)
+        return 0
+    if argv and argv[0] == "--cjk-font":
+        if len(argv) != 2:
+            print("usage: python -m authoring.site --cjk-font PATH (e.g. Debian's fonts-noto-cjk")
+            print("       /usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc)")
+            return 2
+        characters, size = make_cjk_font(Path(argv[1]))
+        print(f"{CJK_FONT.relative_to(ROOT)}: {len(characters)} characters, {size:,} bytes")
         return 0
     out = Path(argv[0]) if argv else DEFAULT_OUT
     start = time.perf_counter()

@@ -312,3 +312,88 @@ def test_a_new_notebooks_widgets_become_notes_and_its_progress_bars_go():
     assert progress == []
     assert len(quiz) == 1 and "answers interactively" in quiz[0]["data"]["text/html"]
     assert all('class="widget-note"' in out["data"]["text/html"] for out in (explorer[1], quiz[0]))
+
+
+def test_a_finished_progress_bar_shows_its_final_text_and_a_first_frame_goes():
+    """mha_course.kit.progress stores a finished bar as its final text: the page shows that text
+    (no widget data); a bar stored as its first frame ("0%| 0/9") says nothing and goes."""
+    state = {
+        "p0": {"model_name": "HBoxModel", "state": {"children": ["IPY_MODEL_p1"]}},
+        "p1": {"model_name": "FloatProgressModel", "state": {}},
+    }
+    finished, first_frame = "train: 100%|██████████| 9/9", "train:   0%|          | 0/9 [00:00<?, ?it/s]"
+    nb = {
+        "cells": [
+            {"cell_type": "code", "metadata": {}, "source": "", "outputs": [_widget_output("p0", finished)]},
+            {"cell_type": "code", "metadata": {}, "source": "", "outputs": [_widget_output("p0", first_frame)]},
+            {"cell_type": "code", "metadata": {}, "source": "", "outputs": [_widget_output("zz", finished)]},
+        ],
+        "metadata": {"widgets": {site.WIDGET_STATE: {"state": state}}},
+    }
+    page = site.notebook_page(nb, "notebooks/99_new.ipynb", None)
+    shown, gone, without_state = (c["outputs"] for c in page["cells"][1:])  # after the links cell
+    assert shown == [{"output_type": "display_data", "data": {"text/plain": finished}, "metadata": {}}]
+    assert gone == []
+    assert without_state == shown, "recognised by its text when the widget state does not name it"
+
+
+# --- the glossary's Chinese without a CJK system font; code within the page's width ---
+
+
+def _bundled_fonts(folder: Path) -> dict[str, set[int]]:
+    """Each font file under ``folder`` (name -> the code points its cmap covers)."""
+    from fontTools.ttLib import TTFont
+
+    return {p.name: set(TTFont(p).getBestCmap()) for p in sorted(folder.rglob("*.woff*"))}
+
+
+def _tofu(characters: set[str], fonts: dict[str, set[int]]) -> str:
+    """The characters no bundled font covers (they would render as boxes without a CJK system font)."""
+    return "".join(sorted(ch for ch in characters if not any(ord(ch) in cmap for cmap in fonts.values())))
+
+
+def _css_ranges(css: str) -> list[tuple[int, int]]:
+    (face,) = re.findall(r'@font-face\s*{[^}]*"Course CJK"[^}]*}', css)
+    (ranges,) = re.findall(r"unicode-range:\s*([^;]+);", face)
+    return [tuple(int(x, 16) for x in (r.strip()[2:].split("-") * 2)[:2]) for r in ranges.split(",")]
+
+
+def test_the_tofu_test_finds_a_character_the_font_lacks():
+    fonts = _bundled_fonts(site.CJK_FONT.parent)
+    assert fonts, "no font in docs/site/_static/fonts"
+    assert _tofu({"注", "意", "力"}, fonts) == ""
+    assert _tofu({"注", "龍"}, fonts) == "龍", "a character outside the subset must be reported"
+
+
+def test_the_fonts_unicode_range_is_what_the_site_calls_cjk():
+    css = (site.CONF_DIR / "_static" / "course.css").read_text(encoding="utf-8")
+    assert _css_ranges(css) == list(site.CJK_RANGES)
+    assert site.CJK_FONT.stat().st_size < 40_000, "a subset to the site's characters: a few kilobytes"
+    licence = (site.CJK_FONT.parent / "LICENSE.txt").read_text(encoding="utf-8")
+    assert "SIL OPEN FONT LICENSE Version 1.1" in licence
+
+
+@pytest.mark.slow  # builds the site (Sphinx, about 10 s)
+def test_every_cjk_character_on_the_site_is_covered_by_a_bundled_font(site_dir, pages):
+    characters = set().union(*(site.cjk_characters(" ".join(page.text)) for page in pages.values()))
+    glossary = " ".join(pages[site_dir / "glossary.html"].text)
+    assert {"注", "意", "力"} <= site.cjk_characters(glossary), "the glossary's Chinese is on the site"
+    fonts = _bundled_fonts(site_dir / "_static" / "fonts")  # the theme's icon fonts hold no CJK
+    assert "cjk-subset.woff" in fonts, "the subset is shipped with the site"
+    missing = _tofu(characters, fonts)
+    assert not missing, (
+        f"{missing}: on the site but in no bundled font (boxes without a CJK font): run "
+        "`python -m authoring.site --cjk-font /usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc` "
+        "(Debian's fonts-noto-cjk) and commit docs/site/_static/fonts/cjk-subset.woff"
+    )
+    css = (site_dir / "_static" / "course.css").read_text(encoding="utf-8")
+    ranges = _css_ranges(css)
+    assert all(any(lo <= ord(ch) <= hi for lo, hi in ranges) for ch in characters), "unicode-range misses some"
+
+
+def test_code_and_outputs_wrap_at_the_page_width():
+    css = re.sub(r"/\*.*?\*/", "", (site.CONF_DIR / "_static" / "course.css").read_text(encoding="utf-8"), flags=re.S)
+    rule = re.search(r"([^{}]*){\s*white-space:\s*pre-wrap;[^}]*overflow-wrap:\s*anywhere;", css)
+    assert rule, "course.css must wrap long code lines"
+    selectors = {s.strip() for s in rule[1].split(",")}
+    assert {"div.highlight pre", "div.cell_output pre"} <= selectors, selectors

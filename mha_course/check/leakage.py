@@ -24,7 +24,7 @@ def _randomized(module, seed):
     with torch.no_grad():
         for p in module.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-    return module.eval()
+    return module.requires_grad_(False).eval()  # outputs need grad only when the learner's x does
 
 
 def _with_extra(*pairs):
@@ -74,10 +74,13 @@ def _first(y):
 
 
 def _as_answer(test):
-    """(layer, x) -> tensor(bool): the test's verdict, comparable by the framework."""
+    """(layer, x) -> tensor(bool): the test's verdict, comparable by the framework. Autograd is on
+    inside (the check runner turns it off), so that a test may differentiate an output with
+    respect to a later input instead of perturbing it."""
 
     def run(layer, x):
-        return torch.tensor(bool(test(layer, x)))
+        with torch.enable_grad():
+            return torch.tensor(bool(test(layer, x)))
 
     return run
 

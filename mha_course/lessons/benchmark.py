@@ -310,9 +310,9 @@ def run(
     report = Report(machine=machine_info(device))
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from ..kit.progress import progress_bar
 
-        bar = tqdm(total=len(configs) * (repeats + 1), desc="benchmark rounds")
+        bar = progress_bar(total=len(configs) * (repeats + 1), desc="benchmark rounds")
     try:
         for config in configs:
             fns, matmul, check = build(config, seed=seed, device=device)

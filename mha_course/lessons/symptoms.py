@@ -84,13 +84,13 @@ def train_partner(
 ) -> list[float]:
     """Train ``model`` on fresh partner batches with Adam; returns the loss of every step.
     The batches come from a generator seeded with ``seed`` (the same data on every run)."""
-    from tqdm.auto import tqdm
+    from ..kit.progress import progress_bar
 
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     model.train()
     losses = []
-    for _ in tqdm(range(steps), desc=f"training (lr={lr:g})", disable=not progress):
+    for _ in progress_bar(range(steps), desc=f"training (lr={lr:g})", disable=not progress):
         loss = partner_loss(model, *partner_batch(batch_size, generator=gen))
         opt.zero_grad()
         loss.backward()

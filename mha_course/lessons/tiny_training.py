@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..kit.progress import progress_bar
 from ..multihead import MultiHeadAttention
 from .relation_task import TwoRelationTask
 
@@ -152,7 +153,7 @@ def train(
         test = eval_batch(task, eval_size)
         history = History()
         own_bar = progress is True
-        bar = tqdm(total=steps, desc=f"h={num_heads}, seed {seed}") if own_bar else progress
+        bar = progress_bar(total=steps, desc=f"h={num_heads}, seed {seed}") if own_bar else progress
         losses = []
         for step in range(1, steps + 1):
             batch = task.sample(batch_size, generator=batches)
@@ -190,7 +191,7 @@ def train_many(
     """``train`` for every (num_heads, seed), under one progress bar; returns {(h, seed): (model, history)}."""
     steps = kwargs.get("steps", 150)
     runs = {}
-    with tqdm(total=len(heads) * len(seeds) * steps, desc="training") as bar:
+    with progress_bar(total=len(heads) * len(seeds) * steps, desc="training") as bar:
         for h in heads:
             for seed in seeds:
                 bar.set_postfix_str(f"h={h}, seed {seed}", refresh=False)

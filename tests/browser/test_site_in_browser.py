@@ -120,3 +120,46 @@ def test_search_finds_a_course_term_offline(server, offline_page, site_screensho
     assert any("notebooks/01_single_head_attention" in (h or "") for h in links), links
     assert not refused, f"search tried to reach the network: {refused}"
     assert not errors, "\n".join(errors)
+
+
+#: pages with the longest code lines: the landing page's Quickstart, and notebooks 11 and 12
+WIDE_PAGES = ("index.html", "notebooks/11_positions_and_rope.html", "notebooks/12_beyond_gqa.html")
+OVERFLOW_JS = """() => [...document.querySelectorAll('div.highlight pre, div.cell_output pre, div.output pre')]
+  .filter(e => e.scrollWidth > e.clientWidth + 1)
+  .map(e => `${e.scrollWidth} > ${e.clientWidth}: ${e.textContent.trim().slice(0, 60)}`)"""
+FONT_STATUS_JS = """async () => {
+  await document.fonts.ready;
+  return [...document.fonts].filter(f => f.family.replace(/["']/g, '') === 'Course CJK').map(f => f.status);
+}"""
+
+
+@pytest.mark.parametrize("path", WIDE_PAGES)
+def test_code_stays_within_the_page_width(path, server, offline_page, site_screenshots):
+    """At the default width (1280 px) no code cell, output or README block scrolls sideways."""
+    page, errors, refused = offline_page
+    page.goto(f"{server}/{path}", wait_until="load", timeout=TIMEOUT_MS)
+    blocks = page.locator("div.highlight pre")
+    assert blocks.count() > 0, f"{path}: no code on the page"
+    overflowing = page.evaluate(OVERFLOW_JS)
+    assert not overflowing, f"{path}: code wider than the page:\n" + "\n".join(overflowing)
+    widest = page.evaluate(
+        "() => { const b = [...document.querySelectorAll('div.highlight pre')];"
+        " const w = b.reduce((a, e) => Math.max(a, ...e.textContent.split('\\n').map(l => l.length)), 0);"
+        " return b.findIndex(e => e.textContent.split('\\n').some(l => l.length === w)); }"
+    )
+    blocks.nth(widest).scroll_into_view_if_needed()
+    page.screenshot(path=site_screenshots / f"{Path(path).stem}-widest-code.png")
+    assert not refused and not errors, f"{path}: {refused} {errors}"
+
+
+def test_the_glossarys_chinese_renders_with_the_bundled_font(server, offline_page, site_screenshots):
+    """The Chinese column is drawn with the site's own CJK subset (loaded, as the page needs it),
+    so it reads on a machine without a CJK font."""
+    page, errors, refused = offline_page
+    page.goto(f"{server}/glossary.html", wait_until="load", timeout=TIMEOUT_MS)
+    cell = page.locator("td", has_text="注意力").first
+    cell.scroll_into_view_if_needed()
+    assert page.evaluate(FONT_STATUS_JS) == ["loaded"], "the bundled CJK font was not used"
+    assert page.evaluate("() => document.fonts.check('16px \"Course CJK\"', '注意力头')")
+    page.screenshot(path=site_screenshots / "glossary.png")
+    assert not refused and not errors, f"{refused} {errors}"

@@ -233,3 +233,55 @@ def test_bad_inputs(call, error, words):
 def test_exported():
     assert mc.attention_backward is bw.attention_backward
     assert mc.flash_attention is bw.flash_attention
+
+
+# ---------------------------------------------------------------------------------------------
+# notebook 13's helpers (mha_course.lessons.backward_pass)
+
+
+def test_mha_backward_by_hand_equals_autograd():
+    from mha_course.lessons import backward_pass as lesson
+
+    torch.manual_seed(0)
+    for bias in (True, False):
+        mha = mc.MultiHeadAttention(24, 3, bias=bias).double()
+        x = torch.randn(2, 7, 24, dtype=F64, requires_grad=True)
+        dy = torch.randn(2, 7, 24, dtype=F64)
+        mask = mc.padding_mask(torch.tensor([7, 3]), 7)
+        hand = lesson.mha_backward(mha, x.detach(), dy, mask)
+        mha.zero_grad()
+        mha(x, mask=mask)[0].backward(dy)
+        reference = {"x": x.grad, **{n: p.grad for n, p in mha.named_parameters()}}
+        assert set(hand) == set(reference)
+        for name in reference:
+            assert (hand[name] - reference[name]).abs().max() < TOL, name
+
+
+def test_backward_flops_counted_equal_the_formula():
+    from mha_course.lessons import backward_pass as lesson
+
+    counts = lesson.backward_flops(mc.MultiHeadAttention(32, 4), torch.randn(2, 16, 32), block_size=8)
+    B, L, d = 2, 16, 32
+    assert counts["forward"] == counts["formula forward"] == 8 * B * L * d**2 + 4 * B * L**2 * d
+    assert counts["backward"] == 2 * counts["forward"]
+    assert counts["core backward"] == 2 * counts["core forward"] == 2 * 4 * B * L**2 * d
+    assert counts["recomputing backward"] == 5 * 2 * B * L**2 * d  # one more Q Kᵀ than autograd's four
+
+
+def test_training_memory_grows_with_l_squared_only_when_stored():
+    from mha_course.lessons import backward_pass as lesson
+
+    small, large = lesson.training_memory([128, 512], num_heads=2, d_head=16, block_size=64, repeats=1)
+    assert large["stored_bytes"] >= 2 * large["score_bytes"]  # at least the weights and their gradient
+    assert large["recomputed_bytes"] < large["score_bytes"] / 2
+    assert large["stored_bytes"] / small["stored_bytes"] > 10  # 16× the L²
+    assert large["recomputed_bytes"] / small["recomputed_bytes"] < 4.5  # ~4× the L
+    assert large["time_ratio"] > 0
+
+
+def test_saturation_shrinks_the_gradient():
+    from mha_course.lessons import backward_pass as lesson
+
+    rows = lesson.saturation([1, 128, 512])
+    assert rows[0]["max_weight"] < rows[1]["max_weight"] < rows[2]["max_weight"] <= 1
+    assert rows[2]["grad_norm"] < 1e-3 * rows[0]["grad_norm"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -131,23 +132,30 @@ def training_memory(lengths, *, batch=1, num_heads=4, d_head=32, block_size=128,
         return _training_memory(lengths, batch, num_heads, d_head, block_size, repeats, progress)
 
 
+def _steps(q, k, v, grad_out, mask, block_size):
+    """The two training steps that :func:`training_memory` compares, as zero-argument functions."""
+
+    def stored():
+        return _train_step(lambda a, b, c: scaled_dot_product_attention(a, b, c, mask)[0], q, k, v, grad_out)
+
+    def recomputed():
+        return _train_step(lambda a, b, c: flash_attention(a, b, c, mask, block_size=block_size), q, k, v, grad_out)
+
+    return {"stored": stored, "recomputed": recomputed}
+
+
 def _training_memory(lengths, batch, num_heads, d_head, block_size, repeats, progress):
     g = torch.Generator().manual_seed(0)
     rows = []
     for L in lengths:
         q, k, v, go = (torch.randn(batch, num_heads, L, d_head, generator=g) for _ in range(4))
         mask = torch.ones(L, L, dtype=torch.bool).tril()
-        steps = {
-            "stored": lambda: _train_step(lambda a, b, c: scaled_dot_product_attention(a, b, c, mask)[0], q, k, v, go),
-            "recomputed": lambda: _train_step(lambda a, b, c: flash_attention(a, b, c, mask, block_size=block_size),
-                                              q, k, v, go),
-        }  # fmt: skip
+        steps = _steps(q, k, v, go, mask, block_size)
         row = {"L": L, "score_bytes": batch * num_heads * L * L * 4}
         for name, step in steps.items():
             row[f"{name}_bytes"] = peak_memory(step)
         times = round_robin_times(steps, repeats=repeats, warmup=1)
-        median = {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
-        row["time_ratio"] = median["recomputed"] / median["stored"]
+        row["time_ratio"] = statistics.median(times["recomputed"]) / statistics.median(times["stored"])
         rows.append(row)
         if progress is not None:
             progress.update(1)

@@ -15,6 +15,8 @@ The package has three layers, one folder each (``ls`` shows them):
     gqa         repeat_kv, GroupedQueryAttention
     kv_cache    KVCache (growing, or preallocated with max_length), write_kv
     tiled       tiled_attention, online_softmax_update (the FlashAttention idea)
+    backward    attention_backward (dq, dk, dv by hand), flash_attention (FlashAttention-2's
+                recomputing backward as a torch.autograd.Function)
     block       EncoderBlock, Encoder
     latent      MultiHeadLatentAttention (DeepSeek's MLA), LatentCache, mla_cache_bytes
     cache_schemes  sink_window_mask, SinkWindowCache (rolling window + attention sinks),
@@ -36,6 +38,7 @@ import importlib
 
 from .accounting import attention_flops, count_attention_params, kv_cache_bytes
 from .attention import scaled_dot_product_attention
+from .backward import attention_backward, flash_attention
 from .cache_schemes import Int8KVCache, PagedKVCache, SinkWindowCache, sink_window_mask
 from .configs import MODEL_CONFIGS, ModelConfig
 from .decoder import DecoderConfig, LlamaDecoder, RMSNorm, SwiGLU, generate_greedy
@@ -113,4 +116,6 @@ __all__ = [
     "hint",
     "predict",
     "device",
+    "attention_backward",
+    "flash_attention",
 ]

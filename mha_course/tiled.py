@@ -46,7 +46,7 @@ def online_softmax_update(row_max, row_sum, acc, scores, v):
     return m_new, alpha * row_sum + p.sum(dim=-1, keepdim=True), alpha * acc + p @ v
 
 
-def tiled_attention(q, k, v, mask=None, *, scale=None, block_size: int = 64):
+def tiled_attention(q, k, v, mask=None, *, scale=None, block_size: int = 64, return_lse: bool = False):
     """softmax(Q Kᵀ · scale) V computed tile by tile, never holding more than one
     (..., block_size, block_size) tile of scores.
 
@@ -55,6 +55,10 @@ def tiled_attention(q, k, v, mask=None, *, scale=None, block_size: int = 64):
     True = may attend; scale defaults to 1/√d_k. Returns out (..., Lq, d_v) — the weights are
     never formed. A tile whose mask is all False (above a causal diagonal, outside a sliding
     window) is skipped. A query row with no allowed key gives 0, as in the reference.
+
+    ``return_lse=True`` returns ``(out, lse)`` instead, with lse (..., Lq, 1) = log Σ_j exp(s_ij),
+    the log-sum-exp of each query's scaled scores (-inf for a row with no allowed key): all that
+    FlashAttention's backward keeps of the softmax (:mod:`mha_course.backward`).
     """
     batch, Lq, Lk = _check(q, k, v, mask)
     validation.positive_int("block_size", block_size)
@@ -63,6 +67,7 @@ def tiled_attention(q, k, v, mask=None, *, scale=None, block_size: int = 64):
         mask = torch.broadcast_to(mask, (*batch, Lq, Lk))  # a view with stride 0: no memory
     q, k, v = (t.expand(*batch, *t.shape[-2:]) for t in (q, k, v))
     out = q.new_empty((*batch, Lq, v.shape[-1]))
+    lse = q.new_empty((*batch, Lq, 1)) if return_lse else None
     for i in range(0, Lq, block_size):
         qi = q[..., i : i + block_size, :] * scale  # (..., bq, d_k)
         row_max = qi.new_full((*qi.shape[:-1], 1), NEG_INF)  # (..., bq, 1)
@@ -78,7 +83,9 @@ def tiled_attention(q, k, v, mask=None, *, scale=None, block_size: int = 64):
             row_max, row_sum, acc = online_softmax_update(row_max, row_sum, acc, s, v[..., j : j + block_size, :])
         # row_sum = 0 only in a row with no allowed key (else its max adds e⁰ = 1): output 0 there
         out[..., i : i + block_size, :] = torch.where(row_sum > 0, acc / row_sum, 0.0)
-    return out
+        if return_lse:  # log Σ exp(s) = m + log ℓ; ℓ = 0 (no allowed key) gives log 0 = -inf
+            lse[..., i : i + block_size, :] = row_max.masked_fill(row_sum == 0, 0.0) + torch.log(row_sum)
+    return (out, lse) if return_lse else out
 
 
 def tile_counts(mask, block_size: int) -> tuple[int, int, int]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from .accounting import count_attention_params, kv_cache_bytes
 from .address_book import address_book_query
 from .attention import multi_head_attention, scaled_dot_product_attention
+from .backward import backward_tile, repeat_kv_backward, softmax_backward
 from .cache_schemes import gather_blocks, mla_cache_bytes, sink_window_update
 from .demo import normalize_rows
 from .diagnostics import attention_entropy
@@ -62,6 +63,9 @@ CHECKERS = {
         sink_window_update,
         gather_blocks,
         normalize_rows,
+        softmax_backward,
+        backward_tile,
+        repeat_kv_backward,
     )
 }
 

@@ -73,6 +73,11 @@ NOTEBOOKS: list[tuple[str, str, str]] = [
         "Beyond GQA",
         "Latent attention (DeepSeek), sliding windows with sinks, paged and int8 caches — each proven and measured.",
     ),
+    (
+        "13_backward_pass",
+        "The backward pass",
+        "Attention's gradients by hand, = autograd; FlashAttention-2's backward recomputes P from the log-sum-exp.",
+    ),
 ]
 
 #: (symbol, meaning) — used identically in every notebook and in the package

@@ -20,5 +20,6 @@ diagnostics          10        per-head entropy, head similarity, NaN finder, ca
 symptoms             10        the troubleshooting gallery: each symptom reproduced and fixed
 positions_lab        11        shift/order experiments per position scheme, RoPE decoding bugs, SmolLM2 loader
 beyond_gqa           12        cache-size tables, stacked windows, the tiny sink experiment, explorer
+backward_pass        13        MHA's gradients by hand, backward FLOPs, training memory, dS on a real sentence
 ===================  ========  ===========================================================================
 """

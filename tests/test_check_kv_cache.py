@@ -1,4 +1,4 @@
-"""The write_kv checker (Exercise 6.3): correct variants pass, each listed mistake is named,
+"""The write_kv checker (Exercise 6.1): correct variants pass, each listed mistake is named,
 an unattempted exercise is 'not attempted'."""
 
 import pytest

@@ -15,6 +15,8 @@ from .address_book import address_book_query
 from .attention import multi_head_attention, scaled_dot_product_attention
 from .backward import backward_tile, repeat_kv_backward, softmax_backward
 from .cache_schemes import gather_blocks, mla_cache_bytes, sink_window_update
+from .cached_gqa import cached_gqa_attention
+from .cross_attention import cross_attention
 from .demo import normalize_rows
 from .diagnostics import attention_entropy
 from .framework import CheckResult
@@ -29,6 +31,7 @@ from .per_head import multi_head_attention_per_head
 from .positions import apply_rope, rope_step
 from .pretrained import previous_token_score
 from .specialize import ablate_heads
+from .split_merge import attend_in_heads
 from .tiled import online_softmax_update, tiled_attention
 from .torch_masks import to_torch_masks
 
@@ -44,13 +47,16 @@ CHECKERS = {
         attention_flops_split,
         split_heads,
         merge_heads,
+        attend_in_heads,
         causal_mask,
         padding_mask,
         to_torch_masks,
         leaks_future,
+        cross_attention,
         repeat_kv,
         kv_cache_bytes,
         write_kv,
+        cached_gqa_attention,
         ablate_heads,
         gradient_importance,
         previous_token_score,

@@ -8,6 +8,7 @@ hand_set_heads       02        hand-set heads on the Xiaoming sentence, perturba
 head_budget          03        the head-budget explorer, FLOP counts of real modules
 head_layout          04        where split_heads puts each feature; the wrong reshape; kernel traces
 mask_lab             05        mask conventions across APIs, the leakage test, the mask explorer
+reorder_task         05        a cross-attention trained to reverse its source; the alignment it learns
 decoding             06        head groups, cache explorer, cached decoding step by step
 relation_task        07        the two-relation address-book task
 tiny_training        07        the tiny attention model and its training loop

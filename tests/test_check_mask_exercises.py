@@ -138,8 +138,8 @@ def test_leaks_future_not_attempted():
 @torch.no_grad()
 def test_the_seed_encoder_layer_ignores_its_mask_and_the_fixed_one_is_causal():
     torch.manual_seed(0)
-    seed_layer = mask_lab.SeedEncoderLayer(16, 2, 32).eval()
-    fixed = mask_lab.FixedSeedEncoderLayer(16, 2, 32).eval()
+    seed_layer = mask_lab.MaskIgnoringEncoderLayer(16, 2, 32).eval()
+    fixed = mask_lab.MaskRespectingEncoderLayer(16, 2, 32).eval()
     fixed.load_state_dict(seed_layer.state_dict())
     x = torch.randn(6, 2, 16)  # (L, B, d_model): sequence-first, as the source uses it
     causal = torch.tril(torch.ones(6, 6)).bool()  # the source's create_causal_mask: True = may attend

@@ -110,12 +110,12 @@ def leaks(fn: Callable, x: torch.Tensor, *, dim: int = 1) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# The source tutorial's encoder layer, as it is written there, and the fix
+# An encoder layer that accepts a mask and ignores it, and the fix
 # ---------------------------------------------------------------------------------------------
 
 
-class SeedEncoderLayer(nn.Module):
-    """The source tutorial's ``TransformerEncoderLayer``, line for line: post-norm, built on
+class MaskIgnoringEncoderLayer(nn.Module):
+    """A ``TransformerEncoderLayer`` as tutorials often write it: post-norm, built on
     ``nn.MultiheadAttention`` in its default sequence-first layout, (L, B, d_model). Its
     ``forward`` accepts ``src_mask`` — and never passes it on."""
 
@@ -137,9 +137,9 @@ class SeedEncoderLayer(nn.Module):
         return src
 
 
-class FixedSeedEncoderLayer(SeedEncoderLayer):
-    """The same layer with the mask passed on. ``src_mask`` is in the source's convention
-    (bool, True = may attend, as its ``create_causal_mask`` makes it); ``nn.MultiheadAttention``
+class MaskRespectingEncoderLayer(MaskIgnoringEncoderLayer):
+    """The same layer with the mask passed on. ``src_mask`` is in the course's convention
+    (bool, True = may attend, as ``mc.causal_mask`` makes it); ``nn.MultiheadAttention``
     reads True as blocked, so the mask is inverted at the call."""
 
     def forward(self, src, src_mask=None):

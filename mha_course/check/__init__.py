@@ -16,6 +16,7 @@ from .attention import multi_head_attention, scaled_dot_product_attention
 from .cache_schemes import gather_blocks, mla_cache_bytes, sink_window_update
 from .demo import normalize_rows
 from .diagnostics import attention_entropy
+from .distributed import heads_of_rank, merge_partials
 from .framework import CheckResult
 from .gqa import repeat_kv
 from .head_budget import attention_flops_split
@@ -62,6 +63,8 @@ CHECKERS = {
         sink_window_update,
         gather_blocks,
         normalize_rows,
+        heads_of_rank,
+        merge_partials,
     )
 }
 

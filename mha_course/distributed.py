@@ -209,7 +209,7 @@ class Ranks:
                 dead = [r for r, p in enumerate(self._procs) if not p.is_alive() and r not in results]
                 late = time.monotonic() > deadline
                 if dead or late:
-                    self.close()
+                    self.close(wait=False)
                     missing = sorted(set(range(self.world_size)) - set(results))
                     if dead:
                         raise RuntimeError(f"rank(s) {dead} exited during {what} without an answer") from None
@@ -220,7 +220,7 @@ class Ranks:
                     ) from None
                 continue
             if status == "error":
-                self.close()
+                self.close(wait=False)  # the others may wait in a collective for the failed rank
                 raise RuntimeError(f"rank {rank} raised during {what}:\n{payload}")
             results[rank] = payload
         return [results[r] for r in range(self.world_size)]
@@ -248,18 +248,18 @@ class Ranks:
             inbox.put(job)
         return [pickle.loads(r) for r in self._collect("ok", f"{getattr(fn, '__name__', 'fn')}")]
 
-    def close(self) -> None:
-        """Stop the ranks (politely first, then by force)."""
+    def close(self, *, wait: bool = True) -> None:
+        """Stop the ranks: ask them to leave (and wait up to 5 s) if ``wait``, then by force."""
         if self.torchrun or not self._procs:
             return
         for inbox, proc in zip(self._inboxes, self._procs, strict=True):
-            if proc.is_alive():
+            if wait and proc.is_alive():
                 try:
                     inbox.put(None)
                 except (OSError, ValueError):
                     pass
         for proc in self._procs:
-            proc.join(timeout=5)
+            proc.join(timeout=5 if wait else 0)
             if proc.is_alive():
                 proc.terminate()
                 proc.join(timeout=5)
@@ -330,7 +330,9 @@ class Traffic:
         chunks received (in rank order) along ``dim_in``."""
         P = dist.get_world_size()
         chunks = [c.contiguous() for c in x.chunk(P, dim=dim_out)]  # chunk j goes to rank j
-        self._count("all_to_all", sum(c.numel() * c.element_size() for j, c in enumerate(chunks) if j != dist.get_rank()))
+        self._count(
+            "all_to_all", sum(c.numel() * c.element_size() for j, c in enumerate(chunks) if j != dist.get_rank())
+        )
         received = [torch.empty_like(c) for c in chunks]
         if dist.get_backend() == "gloo":  # gloo has no list all_to_all: one flat exchange does the same
             flat_in = torch.cat([c.flatten() for c in chunks])  # (P·chunk,)
@@ -400,7 +402,9 @@ class TensorParallelAttention(nn.Module):
         elif isinstance(module, GroupedQueryAttention):
             h, h_kv, self.head_dim, o = module.num_heads, module.num_kv_heads, module.head_dim, module.o_proj
         else:
-            raise TypeError(f"module must be a MultiHeadAttention or GroupedQueryAttention, got {type(module).__name__}")
+            raise TypeError(
+                f"module must be a MultiHeadAttention or GroupedQueryAttention, got {type(module).__name__}"
+            )
         q_heads, kv_heads = heads_of_rank(rank, world_size, h, h_kv)
         self.rank, self.world_size, self.num_heads, self.num_kv_heads = rank, world_size, h, h_kv
         self.q_heads, self.kv_heads = q_heads, kv_heads
@@ -577,7 +581,7 @@ def ring_attention(q, k, v, *, causal: bool = False, layout: str = "contiguous",
             for request in requests:
                 request.wait()
             kv, holder = incoming, (holder - 1) % P
-    out = torch.cat([torch.where(l > 0, acc / l, 0.0) for _, l, acc in state], dim=-2)  # (B, h, L/P, d)
+    out = torch.cat([torch.where(total > 0, acc / total, 0.0) for _, total, acc in state], dim=-2)  # (B, h, L/P, d)
     return out, work
 
 
@@ -609,7 +613,8 @@ def ulysses_attention(q, k, v, *, causal: bool = False, traffic: Traffic | None 
     q, k, v = (traffic.all_to_all(t, dim_out=1, dim_in=2) for t in (q, k, v))  # (B, h/P, L, d): heads ↔ positions
     L = q.shape[2]
     mask = torch.ones(L, L, dtype=torch.bool, device=q.device).tril() if causal else None
-    out, _ = scaled_dot_product_attention(q, repeat_kv(k, q.shape[1] // k.shape[1]), repeat_kv(v, q.shape[1] // k.shape[1]), mask)
+    n_rep = q.shape[1] // k.shape[1]
+    out, _ = scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), mask)  # (B, h/P, L, d)
     return traffic.all_to_all(out, dim_out=2, dim_in=1)  # (B, h/P, L, d) -> (B, h, L/P, d)
 
 
@@ -627,8 +632,16 @@ def ulysses_rank(q, k, v, causal: bool = False):
 
 
 def communication_bytes(
-    scheme: str, *, batch: int, length: int, num_heads: int, num_kv_heads: int, head_dim: int,
-    world_size: int, bytes_per_element: int = 4, d_model: int | None = None,
+    scheme: str,
+    *,
+    batch: int,
+    length: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    world_size: int,
+    bytes_per_element: int = 4,
+    d_model: int | None = None,
 ) -> int:
     """Bytes one rank sends per attention layer (forward), as :class:`Traffic` counts them.
 
@@ -638,8 +651,14 @@ def communication_bytes(
     * "ulysses": four all-to-alls (Q, K, V in, the output back), each sending (P-1)/P of the rank's
       block: (P-1)/P · B·(L/P)·(2h + 2h_kv)·d_head.
     """
-    for name, value in (("batch", batch), ("length", length), ("num_heads", num_heads),
-                        ("num_kv_heads", num_kv_heads), ("head_dim", head_dim), ("world_size", world_size)):
+    for name, value in (
+        ("batch", batch),
+        ("length", length),
+        ("num_heads", num_heads),
+        ("num_kv_heads", num_kv_heads),
+        ("head_dim", head_dim),
+        ("world_size", world_size),
+    ):
         validation.positive_int(name, value)
     P, B, L, h, h_kv, d = world_size, batch, length, num_heads, num_kv_heads, head_dim
     if scheme == "tensor":

@@ -61,9 +61,9 @@ def merge_partials(out_a, lse_a, out_b, lse_b):
     lse_a, lse_b = lse_a[..., None, None], lse_b[..., None, None]  # (..., Lq, 1, 1): one key per query
     row_sum = (lse_a > NEG_INF).to(out_a.dtype)  # the state after partial a, with m = lse_a: ℓ = 1 (0 if no key)
     acc = out_a[..., None, :] * row_sum  # (..., Lq, 1, d_v)
-    m, l, acc = online_softmax_update(lse_a, row_sum, acc, lse_b, out_b[..., None, :])
-    out = torch.where(l > 0, acc / l, 0.0)[..., 0, :]  # (..., Lq, d_v)
-    return out, (m + torch.log(l))[..., 0, 0]  # lse (..., Lq): -inf where neither saw a key
+    m, total, acc = online_softmax_update(lse_a, row_sum, acc, lse_b, out_b[..., None, :])
+    out = torch.where(total > 0, acc / total, 0.0)[..., 0, :]  # (..., Lq, d_v)
+    return out, (m + torch.log(total))[..., 0, 0]  # lse (..., Lq): -inf where neither saw a key
 
 
 def tiled_attention(q, k, v, mask=None, *, scale=None, block_size: int = 64):

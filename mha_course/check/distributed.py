@@ -139,8 +139,10 @@ def _merge_cases():
 
 MERGE_PARTIALS_MISTAKES = mistakes(
     "merge_partials",
-    {how: (lambda *a, how=how: _merge_variant(*a, how=how)) for how in
-     ("average", "unnormalised", "swapped", "lse max", "lse sum", "overflow", "no guard")},
+    {
+        how: (lambda *a, how=how: _merge_variant(*a, how=how))
+        for how in ("average", "unnormalised", "swapped", "lse max", "lse sum", "overflow", "no guard")
+    },
 )
 
 

@@ -540,7 +540,8 @@ def ring_attention(q, k, v, *, causal: bool = False, layout: str = "contiguous",
     (:func:`shard_sequence` with the same ``layout``). In P steps, every rank attends its queries to
     the K/V block it holds, while sending that block to rank r+1 and receiving the next from r-1;
     each block is folded into the running (max, sum, acc) of :func:`online_softmax_update`. With
-    ``causal``, a (query chunk, key chunk) pair wholly above the diagonal is skipped.
+    ``causal``, each rank's positions are cut in two chunks and a (query chunk, key chunk) pair wholly
+    above the diagonal is skipped.
     Returns ``(out, work)``: out (B, h, L/P, d_head) for this rank's queries, equal to attention over
     all L keys; work = number of query·key scores this rank computed.
     """
@@ -550,7 +551,9 @@ def ring_attention(q, k, v, *, causal: bool = False, layout: str = "contiguous",
     traffic = Traffic() if traffic is None else traffic
     B, h, Lc, d = q.shape
     L, n_rep = Lc * P, h // k.shape[1]
-    pieces = 1 if layout == "contiguous" else 2  # chunks per rank: each is contiguous in position
+    # chunks per rank, each contiguous in position: 2 in the balanced layout; a causal ring also cuts a
+    # contiguous block in 2, so that the upper half of its diagonal block is skipped, not computed
+    pieces = 2 if layout == "balanced" or (causal and Lc % 2 == 0) else 1
     pos_q = sequence_positions(L, rank, P, layout)  # (L/P,)
     q = q / math.sqrt(d)
     state = [  # per query chunk: running max m, running sum ℓ, running acc (online_softmax_update)

@@ -146,17 +146,19 @@ def test_ring_attention_equals_one_process(ranks, P, causal, layout, dtype):
 
 @pytest.mark.parametrize("P", [2, 4])
 def test_causal_ring_work_per_rank(ranks, P):
-    """Contiguous blocks: rank r computes r + 1 of the P blocks' worth of scores (the last rank does
-    all the work); the balanced layout gives every rank the same share."""
+    """The sequence in 2P chunks of c positions: with contiguous blocks rank r computes 4r + 3 of the
+    causal chunk pairs (the last rank most); the balanced layout gives every rank 2P + 1. The total,
+    P(2P + 1) pairs (the chunks on and below the diagonal), is the same."""
     B, h, L, d = 1, 2, 8 * P, 4
     q, k, v = _qkv(B, h, h, L, d, torch.float64, seed=3)
-    block = (L // P) ** 2
+    chunk = (L // (2 * P)) ** 2  # scores in one (query chunk, key chunk) pair
     contiguous = [r[1] for r in ranks[P].run(md.ring_rank, q, k, v, True, "contiguous")]
     balanced = [r[1] for r in ranks[P].run(md.ring_rank, q, k, v, True, "balanced")]
-    assert contiguous == [(r + 1) * block for r in range(P)]
-    chunk = (L // (2 * P)) ** 2  # balanced: per rank 2P + 1 chunk pairs of the 4P the ring visits are computed
+    assert contiguous == [(4 * r + 3) * chunk for r in range(P)]
     assert balanced == [(2 * P + 1) * chunk] * P
-    assert sum(balanced) < sum(contiguous)  # finer chunks also skip more of the upper triangle
+    assert sum(balanced) == sum(contiguous) == P * (2 * P + 1) * chunk
+    full = [r[1] for r in ranks[P].run(md.ring_rank, q, k, v, False, "contiguous")]
+    assert full == [L * L // P] * P  # without a mask every rank computes all its L/P × L scores
 
 
 @pytest.mark.parametrize("P", [2, 4])

@@ -73,6 +73,11 @@ NOTEBOOKS: list[tuple[str, str, str]] = [
         "Beyond GQA",
         "Latent attention (DeepSeek), sliding windows with sinks, paged and int8 caches — each proven and measured.",
     ),
+    (
+        "14_attention_across_devices",
+        "Attention across devices",
+        "Real gloo ranks on a CPU: heads split by tensor parallelism, ring attention, Ulysses — each = one process.",
+    ),
 ]
 
 #: (symbol, meaning) — used identically in every notebook and in the package

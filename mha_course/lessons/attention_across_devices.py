@@ -119,7 +119,8 @@ def communication_rows(configs, *, bytes_per_element: int = 2):
     num_heads, num_kv_heads, head_dim, world_size."""
     rows = []
     for c in configs:
-        sent = [md.communication_bytes(s, **c, bytes_per_element=bytes_per_element) for s in ("tensor", "ring", "ulysses")]
+        schemes = ("tensor", "ring", "ulysses")
+        sent = [md.communication_bytes(s, **c, bytes_per_element=bytes_per_element) for s in schemes]
         rows.append((c["length"], c["world_size"], c["num_heads"], c["num_kv_heads"], *(b / 2**20 for b in sent)))
     return rows
 

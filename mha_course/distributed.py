@@ -652,7 +652,7 @@ def communication_bytes(
       (d_model defaults to h·d_head);
     * "ring": P-1 sends of the rank's K and V block: (P-1)·2·B·h_kv·(L/P)·d_head;
     * "ulysses": four all-to-alls (Q, K, V in, the output back), each sending (P-1)/P of the rank's
-      block: (P-1)/P · B·(L/P)·(2h + 2h_kv)·d_head.
+      block: (P-1)/P · B·(L/P)·(2h + 2h_kv)·d_head (h and h_kv divisible by P, or ValueError).
     """
     for name, value in (
         ("batch", batch),
@@ -669,6 +669,11 @@ def communication_bytes(
     elif scheme == "ring":
         elements = (P - 1) * 2 * B * h_kv * (L // P) * d
     elif scheme == "ulysses":
+        if h % P or h_kv % P:
+            raise ValueError(
+                f"Ulysses gives each rank whole heads: num_heads={h} and num_kv_heads={h_kv} must be divisible "
+                f"by world_size={P}"
+            )
         elements = (P - 1) * B * (L // P) * (2 * h + 2 * h_kv) * d // P
     else:
         raise ValueError(f"scheme must be 'tensor', 'ring' or 'ulysses', got scheme={scheme!r}")

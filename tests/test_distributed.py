@@ -192,6 +192,11 @@ def test_ulysses_needs_heads_divisible_by_ranks():
         md.launch(md.ulysses_rank, 2, q, k, v, timeout=TIMEOUT)
 
 
+def test_ulysses_formula_needs_heads_divisible_by_ranks():
+    with pytest.raises(ValueError, match="num_kv_heads=8 must be divisible by world_size=16"):
+        md.communication_bytes("ulysses", batch=1, length=64, num_heads=32, num_kv_heads=8, head_dim=4, world_size=16)
+
+
 def test_tensor_parallel_bytes_formula():
     assert (
         md.communication_bytes("tensor", batch=2, length=6, num_heads=8, num_kv_heads=8, head_dim=4, world_size=4)

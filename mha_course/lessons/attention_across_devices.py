@@ -116,18 +116,23 @@ def draw_ring_schedule(world_size: int):
 def communication_rows(configs, *, bytes_per_element: int = 2):
     """Rows (config..., tensor MiB, ring MiB, Ulysses MiB) of bytes one rank sends per layer, from
     :func:`mha_course.distributed.communication_bytes`; ``configs``: dicts with batch, length,
-    num_heads, num_kv_heads, head_dim, world_size."""
+    num_heads, num_kv_heads, head_dim, world_size. Ulysses is None where it cannot split the heads."""
     rows = []
     for c in configs:
-        schemes = ("tensor", "ring", "ulysses")
-        sent = [md.communication_bytes(s, **c, bytes_per_element=bytes_per_element) for s in schemes]
-        rows.append((c["length"], c["world_size"], c["num_heads"], c["num_kv_heads"], *(b / 2**20 for b in sent)))
+        sent = []
+        for scheme in ("tensor", "ring", "ulysses"):
+            try:
+                sent.append(md.communication_bytes(scheme, **c, bytes_per_element=bytes_per_element) / 2**20)
+            except ValueError:  # fewer heads than ranks
+                sent.append(None)
+        rows.append((c["length"], c["world_size"], c["num_heads"], c["num_kv_heads"], *sent))
     return rows
 
 
 def format_table(header, rows, formats) -> str:
-    """A fixed-width text table: ``formats`` holds one format spec per column (e.g. ",", ".1f", "")."""
-    cells = [[format(v, f) for v, f in zip(row, formats, strict=True)] for row in rows]
+    """A fixed-width text table: ``formats`` holds one format spec per column (e.g. ",", ".1f", "");
+    None is shown as "—"."""
+    cells = [["—" if v is None else format(v, f) for v, f in zip(row, formats, strict=True)] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(header)]
     lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
     lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells]

@@ -266,7 +266,7 @@ def test_a_hung_rank_fails_instead_of_hanging():
 
 def test_a_rank_error_is_raised_with_its_traceback():
     with md.Ranks(2, timeout=TIMEOUT) as group:
-        with pytest.raises(RuntimeError, match="(?s)rank 0 raised during sqrt.*ValueError: math domain error"):
+        with pytest.raises(RuntimeError, match="(?s)rank [01] raised during sqrt.*ValueError: math domain error"):
             group.run(math.sqrt, -1.0)
         with pytest.raises(RuntimeError, match="were stopped"):
             group.run(math.sqrt, 1.0)

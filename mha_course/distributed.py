@@ -73,8 +73,14 @@ __all__ = [
 #: the most ranks :class:`Ranks` starts on one machine (each is a full Python process with torch)
 MAX_WORLD_SIZE = 8
 _LAYOUTS = ("contiguous", "balanced")
-#: what the forkserver imports once, before it forks the ranks (torch's shape checks import sympy lazily)
-_PRELOAD = ["torch", "torch.fx.experimental.symbolic_shapes", "mha_course.distributed"]
+#: what the forkserver imports once, before it forks the ranks (torch's shape checks import sympy
+#: lazily; DTensor's tensor parallelism is the reference :func:`dtensor_rank` uses)
+_PRELOAD = [
+    "torch",
+    "torch.fx.experimental.symbolic_shapes",
+    "torch.distributed.tensor.parallel",
+    "mha_course.distributed",
+]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Notebook 14's helpers: a first collective, the figures of who holds what, and the tables of
+"""Notebook 14's lesson code: a first collective, the figures of who holds what, and the tables of
 equality and communication. The attention itself lives in :mod:`mha_course.distributed`."""
 
 from __future__ import annotations

@@ -26,6 +26,8 @@ The package has three layers, one folder each (``ls`` shows them):
     positions   apply_rope(x, positions, *, theta, layout), RotaryEmbedding, alibi_bias,
                 sinusoidal_positions; both RoPE layouts and the W_Q/W_K permutation between them
     decoder     RMSNorm, SwiGLU, LlamaDecoder(DecoderConfig) (.from_hf), generate_greedy
+    distributed Ranks / launch (gloo ranks on this machine), heads_of_rank, TensorParallelAttention,
+                ring_attention, ulysses_attention, communication_bytes (attention across devices)
     validation  the argument checks every public function runs first
 * ``kit/`` — what every notebook uses: setup, plotting, widgets, quiz, verify, hint (the exercises'
   hint ladders), predict ("predict, then run"); plotting, widgets, quiz and verify load on first
@@ -42,6 +44,15 @@ from .backward import attention_backward, flash_attention
 from .cache_schemes import Int8KVCache, PagedKVCache, SinkWindowCache, sink_window_mask
 from .configs import MODEL_CONFIGS, ModelConfig
 from .decoder import DecoderConfig, LlamaDecoder, RMSNorm, SwiGLU, generate_greedy
+from .distributed import (
+    Ranks,
+    TensorParallelAttention,
+    communication_bytes,
+    heads_of_rank,
+    launch,
+    ring_attention,
+    ulysses_attention,
+)
 from .gqa import GroupedQueryAttention, repeat_kv
 from .heads import merge_heads, split_heads
 from .kit.hint_ladder import hint
@@ -52,6 +63,7 @@ from .latent import LatentCache, MultiHeadLatentAttention, mla_cache_bytes
 from .masks import causal_mask, padding_mask, sliding_window_mask
 from .multihead import LoopedMultiHeadAttention, MultiHeadAttention
 from .positions import RotaryEmbedding, alibi_bias, apply_rope, sinusoidal_positions
+from .tiled import merge_partials
 
 __version__ = "0.1.0"
 
@@ -118,4 +130,12 @@ __all__ = [
     "device",
     "attention_backward",
     "flash_attention",
+    "Ranks",
+    "launch",
+    "heads_of_rank",
+    "TensorParallelAttention",
+    "ring_attention",
+    "ulysses_attention",
+    "communication_bytes",
+    "merge_partials",
 ]

@@ -46,6 +46,26 @@ def online_softmax_update(row_max, row_sum, acc, scores, v):
     return m_new, alpha * row_sum + p.sum(dim=-1, keepdim=True), alpha * acc + p @ v
 
 
+def merge_partials(out_a, lse_a, out_b, lse_b):
+    """Merge two partial attention results for the same queries over disjoint sets of keys.
+
+    A partial result is what attention over only some keys gives: ``out`` = softmax over those
+    keys @ their values, and ``lse`` = log Σ exp(score) over those keys (FlashAttention returns
+    both). Shapes: out_a, out_b (..., Lq, d_v); lse_a, lse_b (..., Lq), -inf (and out 0) for a
+    query that had no allowed key in that set. Returns ``(out, lse)`` over the union of the keys.
+
+    It is one more :func:`online_softmax_update`: each partial acts as a single key whose score is
+    its ``lse`` and whose value is its ``out`` (each query is its own batch entry, so one "key" per
+    query). Ring attention merges the blocks that reach a rank this way.
+    """
+    lse_a, lse_b = lse_a[..., None, None], lse_b[..., None, None]  # (..., Lq, 1, 1): one key per query
+    row_sum = (lse_a > NEG_INF).to(out_a.dtype)  # the state after partial a, with m = lse_a: ℓ = 1 (0 if no key)
+    acc = out_a[..., None, :] * row_sum  # (..., Lq, 1, d_v)
+    m, total, acc = online_softmax_update(lse_a, row_sum, acc, lse_b, out_b[..., None, :])
+    out = torch.where(total > 0, acc / total, 0.0)[..., 0, :]  # (..., Lq, d_v)
+    return out, (m + torch.log(total))[..., 0, 0]  # lse (..., Lq): -inf where neither saw a key
+
+
 def tiled_attention(q, k, v, mask=None, *, scale=None, block_size: int = 64, return_lse: bool = False):
     """softmax(Q Kᵀ · scale) V computed tile by tile, never holding more than one
     (..., block_size, block_size) tile of scores.

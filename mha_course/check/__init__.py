@@ -19,6 +19,7 @@ from .cached_gqa import cached_gqa_attention
 from .cross_attention import cross_attention
 from .demo import normalize_rows
 from .diagnostics import attention_entropy
+from .distributed import heads_of_rank, merge_partials
 from .framework import CheckResult
 from .gqa import repeat_kv
 from .head_budget import attention_flops_split
@@ -72,6 +73,8 @@ CHECKERS = {
         softmax_backward,
         backward_tile,
         repeat_kv_backward,
+        heads_of_rank,
+        merge_partials,
     )
 }
 

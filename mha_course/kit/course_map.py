@@ -78,6 +78,11 @@ NOTEBOOKS: list[tuple[str, str, str]] = [
         "The backward pass",
         "Attention's gradients by hand, = autograd; FlashAttention-2's backward recomputes P from the log-sum-exp.",
     ),
+    (
+        "14_attention_across_devices",
+        "Attention across devices",
+        "Real gloo ranks on a CPU: heads split by tensor parallelism, ring attention, Ulysses — each = one process.",
+    ),
 ]
 
 #: (symbol, meaning) — used identically in every notebook and in the package

@@ -1,0 +1,163 @@
+"""Checkers of notebook 14: correct variants pass, each listed mistake is named, and a learner's
+exception or an unfinished exercise never makes a check raise."""
+
+import pytest
+import torch
+
+import mha_course as mc
+
+# --- heads_of_rank -----------------------------------------------------------------------------
+
+
+def heads_by_arange(rank, world_size, num_heads, num_kv_heads):
+    per = num_heads // world_size
+    q = torch.arange(rank * per, (rank + 1) * per)
+    return q, torch.unique(q // (num_heads // num_kv_heads))
+
+
+def heads_by_chunks(rank, world_size, num_heads, num_kv_heads):
+    q = torch.arange(num_heads).chunk(world_size)[rank]
+    n_rep = num_heads // num_kv_heads
+    first, last = int(q[0]) // n_rep, int(q[-1]) // n_rep
+    return q, torch.arange(first, last + 1)
+
+
+def heads_by_lists(rank, world_size, num_heads, num_kv_heads):
+    per, n_rep = num_heads // world_size, num_heads // num_kv_heads
+    q = [i for i in range(num_heads) if i // per == rank]
+    kv = sorted({i // n_rep for i in q})
+    return torch.tensor(q), torch.tensor(kv)
+
+
+@pytest.mark.parametrize("fn", [heads_by_arange, heads_by_chunks, heads_by_lists])
+def test_heads_of_rank_accepts_correct_variants(fn):
+    result = mc.check.heads_of_rank(fn)
+    assert result.passed, result
+
+
+def test_heads_of_rank_names_mistakes():
+    def strided(rank, world_size, num_heads, num_kv_heads):
+        q = torch.arange(rank, num_heads, world_size)
+        return q, torch.unique(q // (num_heads // num_kv_heads))
+
+    def kv_blocks(rank, world_size, num_heads, num_kv_heads):
+        q, _ = heads_by_arange(rank, world_size, num_heads, num_kv_heads)
+        per = max(num_kv_heads // world_size, 1)
+        return q, torch.arange(rank * per, (rank + 1) * per) % num_kv_heads
+
+    def modulo(rank, world_size, num_heads, num_kv_heads):
+        q, _ = heads_by_arange(rank, world_size, num_heads, num_kv_heads)
+        return q, torch.unique(q % num_kv_heads)
+
+    def everything(rank, world_size, num_heads, num_kv_heads):
+        return heads_by_arange(rank, world_size, num_heads, num_kv_heads)[0], torch.arange(num_kv_heads)
+
+    for fn, words in [
+        (strided, "contiguous block"),
+        (modulo, "not i % h_kv"),
+        (everything, "every rank holds all the KV heads"),
+    ]:
+        result = mc.check.heads_of_rank(fn)
+        assert not result.passed and "likely mistake" in result.message and words in result.message, (fn, result)
+    # a block split of the KV heads that wraps instead of going empty is still wrong, if not named
+    assert not mc.check.heads_of_rank(kv_blocks).passed
+
+
+def test_heads_of_rank_kv_split_like_queries_is_named():
+    def kv_like_queries(rank, world_size, num_heads, num_kv_heads):
+        q, _ = heads_by_arange(rank, world_size, num_heads, num_kv_heads)
+        per = num_kv_heads // world_size
+        return q, torch.arange(rank * per, (rank + 1) * per)
+
+    result = mc.check.heads_of_rank(kv_like_queries)
+    assert not result.passed and "replicated" in result.message, result
+
+
+def test_heads_of_rank_not_attempted_and_raising():
+    def todo(*args):
+        raise NotImplementedError
+
+    def broken(rank, world_size, num_heads, num_kv_heads):
+        return torch.arange(num_heads).view(world_size, -1)[rank], None.shape
+
+    assert mc.check.heads_of_rank(todo).status == "not attempted"
+    result = mc.check.heads_of_rank(broken)
+    assert not result.passed and "AttributeError" in result.message
+
+
+# --- merge_partials ----------------------------------------------------------------------------
+
+
+def merge_logaddexp(out_a, lse_a, out_b, lse_b):
+    lse = torch.logaddexp(lse_a, lse_b)
+    safe = lse.masked_fill(lse == float("-inf"), 0.0)
+    wa, wb = torch.exp(lse_a - safe), torch.exp(lse_b - safe)
+    return wa[..., None] * out_a + wb[..., None] * out_b, lse
+
+
+def merge_sigmoid(out_a, lse_a, out_b, lse_b):  # the form of ring-flash-attention's update
+    both = torch.isfinite(lse_a) & torch.isfinite(lse_b)
+    w_b = torch.where(both, torch.sigmoid(lse_b - lse_a), torch.isfinite(lse_b).to(out_a.dtype))
+    out = out_a - w_b[..., None] * (out_a - out_b)
+    lse = torch.where(both, lse_a - torch.nn.functional.logsigmoid(lse_a - lse_b), torch.maximum(lse_a, lse_b))
+    return out, lse
+
+
+def merge_by_max(out_a, lse_a, out_b, lse_b):
+    m = torch.maximum(lse_a, lse_b)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    ea, eb = torch.exp(lse_a - m), torch.exp(lse_b - m)
+    total = ea + eb
+    out = torch.where(total[..., None] > 0, (ea[..., None] * out_a + eb[..., None] * out_b) / total[..., None], 0.0)
+    return out, m + torch.log(total)
+
+
+@pytest.mark.parametrize("fn", [merge_logaddexp, merge_sigmoid, merge_by_max])
+def test_merge_partials_accepts_correct_variants(fn):
+    result = mc.check.merge_partials(fn)
+    assert result.passed, result
+
+
+def test_merge_partials_names_mistakes():
+    def average(out_a, lse_a, out_b, lse_b):
+        return (out_a + out_b) / 2, torch.logaddexp(lse_a, lse_b)
+
+    def no_division(out_a, lse_a, out_b, lse_b):
+        return lse_a.exp()[..., None] * out_a + lse_b.exp()[..., None] * out_b, torch.logaddexp(lse_a, lse_b)
+
+    def lse_max(out_a, lse_a, out_b, lse_b):
+        return merge_logaddexp(out_a, lse_a, out_b, lse_b)[0], torch.maximum(lse_a, lse_b)
+
+    def overflow(out_a, lse_a, out_b, lse_b):
+        ea, eb = lse_a.exp(), lse_b.exp()
+        return (ea[..., None] * out_a + eb[..., None] * out_b) / (ea + eb)[..., None], (ea + eb).log()
+
+    def no_guard(out_a, lse_a, out_b, lse_b):
+        lse = torch.logaddexp(lse_a, lse_b)
+        return (lse_a - lse).exp()[..., None] * out_a + (lse_b - lse).exp()[..., None] * out_b, lse
+
+    for fn, words in [
+        (average, "averaged"),
+        (no_division, "not divided by their sum"),
+        (lse_max, "max(lse_a, lse_b)"),
+        (overflow, "overflows"),
+        (no_guard, "neither part saw a key"),
+    ]:
+        result = mc.check.merge_partials(fn)
+        assert not result.passed and "likely mistake" in result.message and words in result.message, (fn, result)
+
+
+def test_merge_partials_not_attempted_and_raising():
+    def todo(*args):
+        raise NotImplementedError
+
+    def broken(out_a, lse_a, out_b, lse_b):
+        return out_a @ out_b[..., :-1, :], lse_a  # (.., Lq, d) @ (.., Lq - 1, d): a shape error
+
+    assert mc.check.merge_partials(todo).status == "not attempted"
+    result = mc.check.merge_partials(broken)
+    assert not result.passed and "RuntimeError" in result.message
+
+
+def test_checkers_are_registered():
+    assert {"heads_of_rank", "merge_partials"} <= set(mc.check.available())

@@ -41,9 +41,7 @@ def test_sink_attention_equals_gpt_oss_eager(window, shape, dtype):
     mask = _hf_mask(L, window)
     ref_out, ref_w = _hf_eager(q, k, v, sinks, mask, h // h_kv)
     n_rep = h // h_kv
-    out, w = mc.scaled_dot_product_attention(
-        q, mc.repeat_kv(k, n_rep), mc.repeat_kv(v, n_rep), mask, sinks=sinks
-    )
+    out, w = mc.scaled_dot_product_attention(q, mc.repeat_kv(k, n_rep), mc.repeat_kv(v, n_rep), mask, sinks=sinks)
     tol = 1e-12 if dtype == torch.float64 else 1e-6
     torch.testing.assert_close(w, ref_w, atol=tol, rtol=0)
     torch.testing.assert_close(out, ref_out, atol=tol, rtol=0)

@@ -17,9 +17,9 @@ from torch import nn
 
 from .. import validation
 from ..block import Encoder
-from ..gqa import GroupedQueryAttention
 from ..cache_schemes import sink_window_mask
 from ..configs import LATENT_MODEL_CONFIGS, MODEL_CONFIGS, ModelConfig
+from ..gqa import GroupedQueryAttention
 from .tiny_training import fixed_threads
 
 GIB, KIB = 2**30, 2**10
@@ -151,7 +151,14 @@ class TinyLM(nn.Module):
 
 
 def train_tiny_lm(
-    *, seed: int = 0, steps: int = 250, batch_size: int = 32, lr: float = 3e-3, sinks: bool = False, sink_lr: float = 0.08, progress=None
+    *,
+    seed: int = 0,
+    steps: int = 150,
+    batch_size: int = 32,
+    lr: float = 3e-3,
+    sinks: bool = False,
+    sink_lr: float = 0.08,
+    progress=None,
 ):
     """Train a :class:`TinyLM` (with learned sinks or not) in float64 on :func:`sample_sequences`
     with full causal attention. Deterministic for a seed (one thread); returns it in eval mode.

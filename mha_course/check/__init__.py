@@ -28,6 +28,7 @@ from .per_head import multi_head_attention_per_head
 from .positions import apply_rope, rope_step
 from .pretrained import previous_token_score
 from .specialize import ablate_heads
+from .streaming import cache_positions, sink_softmax
 from .tiled import online_softmax_update, tiled_attention
 from .torch_masks import to_torch_masks
 
@@ -60,6 +61,8 @@ CHECKERS = {
         rope_step,
         mla_cache_bytes,
         sink_window_update,
+        sink_softmax,
+        cache_positions,
         gather_blocks,
         normalize_rows,
     )

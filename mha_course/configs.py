@@ -93,7 +93,6 @@ class ModelConfig:
             self.num_layers, self.num_kv_heads, self.head_dim, seq_len, batch=batch, bytes_per_element=bytes_per_element
         )
 
-
     def cached_tokens_per_layer(self, seq_len: int) -> list[int]:
         """Tokens each layer's cache holds at ``seq_len``: all of them in a global layer, at most
         ``sliding_window`` in a local one (a rolling cache; which layers are local does not change

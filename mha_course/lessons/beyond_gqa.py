@@ -18,7 +18,7 @@ from torch import nn
 from .. import validation
 from ..block import Encoder
 from ..cache_schemes import sink_window_mask
-from ..configs import LATENT_MODEL_CONFIGS, MODEL_CONFIGS, ModelConfig
+from ..configs import LATENT_MODEL_CONFIGS, MODEL_CONFIGS, WINDOWED_MODEL_CONFIGS, ModelConfig
 from ..gqa import GroupedQueryAttention
 from .tiny_training import fixed_threads
 
@@ -27,8 +27,8 @@ SCHEMES = ("MHA", "GQA", "MQA", "MLA", "window + sinks")
 
 
 def all_configs() -> dict[str, ModelConfig]:
-    """MODEL_CONFIGS and LATENT_MODEL_CONFIGS together (name -> ModelConfig)."""
-    return {**MODEL_CONFIGS, **LATENT_MODEL_CONFIGS}
+    """MODEL_CONFIGS, WINDOWED_MODEL_CONFIGS and LATENT_MODEL_CONFIGS together (name -> ModelConfig)."""
+    return {**MODEL_CONFIGS, **WINDOWED_MODEL_CONFIGS, **LATENT_MODEL_CONFIGS}
 
 
 def cache_elements_per_token(scheme: str, *, num_kv_heads: int, head_dim: int, kv_lora_rank=512, rope_dim=64) -> int:
@@ -262,8 +262,9 @@ def draw_explorer(
     block_size: int = 16,
 ):
     """Left: cache GiB (one sequence, bf16) against context length for every scheme at ``model``'s
-    layers and head_dim, ``scheme`` highlighted, the chosen context marked. Right: which keys the
-    last query reads at a toy scale (32 tokens; the window scaled by 32 / context_len)."""
+    layers and head_dim, ``scheme`` highlighted, the chosen context marked; "window + sinks" is a
+    window over a GQA cache of ``num_kv_heads`` K/V heads (the legend says so), also for MLA models.
+    Right: which keys the last query reads at a toy scale (32 tokens; the window scaled by 32 / context_len)."""
     cfg = all_configs()[model]
     if scheme not in SCHEMES:
         raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
@@ -279,6 +280,7 @@ def draw_explorer(
     validation.positive_int("num_sinks", num_sinks, allow_zero=True)
     knobs = dict(num_kv_heads=num_kv_heads, kv_lora_rank=kv_lora_rank, window=window, num_sinks=num_sinks)
     contexts = [2**k for k in range(10, 18)]
+    window_label = f"window + sinks (on GQA: {num_kv_heads} K/V heads of {cfg.head_dim})"
     fig, (left, right) = plt.subplots(1, 2, figsize=(12.5, 4), gridspec_kw={"width_ratios": [1.7, 1]})
     for s in SCHEMES:
         gib = [scheme_cache_bytes(cfg, s, T, **knobs) / GIB for T in contexts]
@@ -289,7 +291,7 @@ def draw_explorer(
             "o-" if chosen else ".-",
             lw=2.5 if chosen else 1,
             alpha=1 if chosen else 0.6,
-            label=s if s != "GQA" else f"GQA ({num_kv_heads} K/V heads)",
+            label={"GQA": f"GQA ({num_kv_heads} K/V heads)", "window + sinks": window_label}.get(s, s),
         )
     total = scheme_cache_bytes(cfg, scheme, context_len, block_size=block_size, **knobs)
     exact = scheme_cache_bytes(cfg, scheme, context_len, **knobs)
@@ -376,3 +378,63 @@ def share_in_words(share: float) -> str:
     if share < 0.1:
         return "less than 10%"
     return "between 10% and 50%" if share < 0.5 else "more than half"
+
+
+def transformers_sink_attention(q, k, v, sinks, mask):
+    """``transformers``' gpt-oss eager attention (``eager_attention_forward``, an independent
+    implementation of learned sinks) on q (B, h, L, d), k and v (B, h_kv, L, d), sinks (h,) and a
+    bool mask (L, L), True = may attend. Returns out (B, h, L, d) and weights (B, h, L, L)."""
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    module = nn.Module()
+    module.sinks, module.num_key_value_groups, module.training = sinks, q.shape[1] // k.shape[1], False
+    additive = torch.zeros(mask.shape, dtype=q.dtype).masked_fill(~mask, torch.finfo(q.dtype).min)
+    out, weights = eager_attention_forward(module, q, k, v, additive[None, None], scaling=q.shape[-1] ** -0.5)
+    return out.transpose(1, 2), weights  # (B, h, L, d), (B, h, L, L)
+
+
+def rope_matrix(position: int, dim: int, *, dtype=torch.float64):
+    """(dim, dim) M with rope(x) = x @ M for a row x at ``position`` (interleaved pairs, as MLA's
+    RoPE part): each row of the identity rotated."""
+    from ..positions import apply_rope
+
+    eye = torch.eye(dim, dtype=dtype)
+    return apply_rope(eye, torch.full((dim,), position), layout="interleaved")
+
+
+def draw_roofline(points: dict, *, peak_tflops: float, bandwidth_tbs: float, gpu: str):
+    """A roofline: attainable TFLOP/s = min(peak, bandwidth · intensity) against FLOPs per byte
+    (log–log), with ``points`` (label -> intensity) marked on the line."""
+    ridge = peak_tflops / bandwidth_tbs  # FLOPs per byte where the two limits meet
+    x = torch.logspace(-0.5, 3.5, 200).tolist()
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    ax.plot(x, [min(peak_tflops, bandwidth_tbs * i) for i in x], color="black", lw=1.5)
+    ax.axvline(ridge, color="gray", ls=":", lw=1)
+    for label, intensity in points.items():
+        y = min(peak_tflops, bandwidth_tbs * intensity)
+        ax.plot([intensity], [y], "o", label=f"{label}: {intensity:.0f} FLOP/B")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="arithmetic intensity (FLOPs per byte read)",
+        ylabel="attainable TFLOP/s",
+        title=f"MLA decode on the roofline of an {gpu} (ridge at {ridge:.0f} FLOP/B)",
+    )
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def streaming_reference(q, k, v, *, window: int, num_sinks: int):
+    """StreamingLLM's definition as a naive loop: at step t the kept tokens (the first
+    ``num_sinks`` and the last ``window``) form a fresh sequence at positions 0..n−1, the query
+    at n−1. q, k (B, h, L, d) before RoPE, v (B, h, L, d_v) -> (B, h, L, d_v)."""
+    from ..positions import apply_rope
+
+    outs = []
+    for t in range(q.shape[2]):
+        kept = sorted(set(range(min(num_sinks, t + 1))) | set(range(max(0, t - window + 1), t + 1)))
+        keys = apply_rope(k[:, :, kept], torch.arange(len(kept)))  # (B, h, n, d)
+        query = apply_rope(q[:, :, t : t + 1], [len(kept) - 1])  # (B, h, 1, d)
+        outs.append(F.scaled_dot_product_attention(query, keys, v[:, :, kept]))
+    return torch.cat(outs, dim=2)  # (B, h, L, d_v)

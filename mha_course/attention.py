@@ -9,7 +9,7 @@ import torch
 from . import validation
 
 
-def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None):
+def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None, sinks=None):
     """Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V, returning the output and the weights.
 
     Shapes (any leading batch dims ``...`` that broadcast against each other):
@@ -18,21 +18,33 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None):
         v:    (..., Lk, d_v)   the content each key position hands over
         mask: bool, broadcastable to (..., Lq, Lk); True = this query may attend to this key
         scale: multiplies the scores; default 1/√d_k
+        sinks: optional (h,) float, one learned logit per head (gpt-oss's "attention sink"):
+               the heads are dim -3 of the scores (..., h, Lq, Lk). Each row's softmax runs
+               over its Lk scores *and* that head's sink logit; the sink's share is dropped,
+               so the weights over the real keys sum to less than 1 and a row may attend to
+               (almost) nothing: softmax([s_1 .. s_Lk, sink])[:Lk].
     Returns:
         out:     (..., Lq, d_v)  weights @ v
-        weights: (..., Lq, Lk)   each row sums to 1 (0 for a fully masked row)
+        weights: (..., Lq, Lk)   each row sums to 1 (less with sinks; 0 for a fully masked row)
 
     A query row whose mask is all False attends to nothing: its weights and its output are 0,
     never NaN. Equivalent to ``torch.nn.functional.scaled_dot_product_attention`` (which returns
     only the output) on rows that have at least one allowed key.
     """
-    validation.attention_inputs(q, k, v, mask)  # shapes, dtypes and the mask, or a clear error
-    weights = attention_weights(q, k, mask, scale=scale)  # (..., Lq, Lk)
+    scores_shape = validation.attention_inputs(q, k, v, mask)  # shapes, dtypes, mask, or an error
+    if sinks is not None:
+        validation.tensor("sinks", sinks, dims=1, floating=True)
+        if len(scores_shape) < 3 or scores_shape[-3] != sinks.shape[0]:
+            raise ValueError(
+                f"sinks must hold one logit per head, the scores' dim -3: scores {scores_shape}, "
+                f"got sinks {tuple(sinks.shape)}"
+            )
+    weights = attention_weights(q, k, mask, scale=scale, sinks=sinks)  # (..., Lq, Lk)
     return weights @ v, weights  # (..., Lq, d_v), (..., Lq, Lk)
 
 
-def attention_weights(q, k, mask=None, *, scale=None):
-    """softmax(Q Kᵀ · scale) with the mask applied: the weights of
+def attention_weights(q, k, mask=None, *, scale=None, sinks=None):
+    """softmax(Q Kᵀ · scale) with the mask applied (and each head's sink logit, if given): the weights of
     :func:`scaled_dot_product_attention`, for inputs that were already checked (this function
     checks nothing: callers validate once, at their public boundary).
 
@@ -45,7 +57,12 @@ def attention_weights(q, k, mask=None, *, scale=None):
     scores = q @ k.transpose(-2, -1)  # (..., Lq, d_k) @ (..., d_k, Lk) -> (..., Lq, Lk)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))  # (..., Lq, Lk): a blocked key gets e^-inf = 0
-    weights = torch.softmax(scores, dim=-1)  # (..., Lq, Lk), each row sums to 1
+    if sinks is None:
+        weights = torch.softmax(scores, dim=-1)  # (..., Lq, Lk), each row sums to 1
+    else:  # one extra logit per head joins every row's softmax, then leaves with its share
+        sink = sinks.to(scores.dtype)[:, None, None].expand(*scores.shape[:-1], 1)  # (..., h, Lq, 1)
+        with_sink = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)  # (..., Lq, Lk + 1)
+        weights = with_sink[..., :-1]  # (..., Lq, Lk): each row sums to 1 − the sink's share
     if mask is not None:
         # a row with no allowed key is softmax(-inf, ..., -inf) = NaN: define it as "attend to nothing"
         attends_to_nothing = ~mask.any(dim=-1, keepdim=True)  # (..., Lq, 1)

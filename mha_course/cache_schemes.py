@@ -2,7 +2,11 @@
 
 - :class:`SinkWindowCache` — a rolling buffer of the last ``window`` positions plus the first
   ``num_sinks`` ("attention sinks", StreamingLLM): fixed memory however long the sequence.
-  Equivalent to full attention with :func:`sink_window_mask`.
+  Equivalent to full attention with :func:`sink_window_mask`. Keys cached *after* RoPE keep the
+  positions they had in the text (notebook 11's rule, right while positions never shift).
+- :class:`RerotatingSinkCache` — StreamingLLM's position rule: keys cached *before* RoPE and
+  rotated at every step by their position **within the cache** (sinks 0..S−1, then the window in
+  order), so the distances the model sees never exceed the cache size.
 - :class:`PagedKVCache` — fixed-size blocks in one shared pool, addressed per sequence by a
   block table (vLLM's PagedAttention); :func:`gather_blocks` rebuilds a sequence's contiguous K/V.
 - :class:`Int8KVCache` — keys and values stored as int8 with one float scale per (token, head)
@@ -19,11 +23,15 @@ from . import validation
 from .accounting import tensor_bytes
 from .attention import scaled_dot_product_attention
 from .masks import causal_mask, sliding_window_mask
+from .positions import apply_rope
 
 __all__ = [
     "sink_window_mask",
     "SinkWindowCache",
     "decode_with_sink_window",
+    "cache_positions",
+    "RerotatingSinkCache",
+    "decode_streaming",
     "gather_blocks",
     "PagedKVCache",
     "quantize_int8",
@@ -116,6 +124,63 @@ def decode_with_sink_window(q, k, v, window: int, num_sinks: int = 0):
         keys, values, valid = cache.update(k[:, :, t : t + 1], v[:, :, t : t + 1])  # (B, h, S+W, d)
         out, _ = scaled_dot_product_attention(q[:, :, t : t + 1], keys, values, valid)  # (B, h, 1, d_v)
         outs.append(out)
+    return torch.cat(outs, dim=2), cache  # (B, h, L, d_v)
+
+
+def cache_positions(positions):
+    """(slots,) the position each slot holds in the text (−1 = empty) -> (slots,) its position
+    within the cache: the rank of its text position among the kept ones (0 for the oldest), −1 for
+    an empty slot. StreamingLLM rotates keys and the query by these, not by the text positions."""
+    validation.tensor("positions", positions, dims=1)
+    kept = positions >= 0  # (slots,)
+    ranks = (positions[None, :] < positions[:, None]) & kept[None, :]  # (slots, slots): j older than i
+    return torch.where(kept, ranks.sum(dim=1), -1)  # (slots,)
+
+
+class RerotatingSinkCache(SinkWindowCache):
+    """A :class:`SinkWindowCache` that stores keys **before** RoPE and hands them back rotated by
+    their position within the cache (:func:`cache_positions`), as StreamingLLM does (Xiao et al.
+    2023, §3.2: with tokens [0, 1, 2, 3, 6, 7, 8] cached, decoding the next one uses positions
+    0..7, not 0..9). ``update(k, v)`` takes ONE new position, k (pre-RoPE) and v (B, h_kv, 1, d), and
+    returns rotated keys, values (B, h_kv, slots, d) and ``valid`` (slots,); rotate the new query at
+    ``query_position`` (the newest token's position within the cache)."""
+
+    def __init__(self, window: int, num_sinks: int = 0, *, theta: float = 10000.0, layout: str = "half"):
+        super().__init__(window, num_sinks)
+        self.theta, self.layout = theta, layout
+
+    def update(self, k, v):
+        raw_keys, values, valid = super().update(k, v)  # (B, h_kv, slots, d): keys before RoPE
+        where = cache_positions(self.positions).clamp(min=0)  # (slots,); empty slots are masked out
+        keys = apply_rope(raw_keys, where, theta=self.theta, layout=self.layout)  # (B, h_kv, slots, d)
+        return keys, values, valid
+
+    @property
+    def query_position(self) -> int:
+        return int(self.valid.sum()) - 1
+
+
+def decode_streaming(q, k, v, window: int, num_sinks: int = 0, *, positions: str = "cache", theta: float = 10000.0):
+    """Causal decoding, one position at a time, through a window-plus-sinks cache with RoPE.
+
+    q, k (B, h, L, d) **before** RoPE, v (B, h, L, d_v) -> out (B, h, L, d_v) and the cache.
+    ``positions="cache"``: StreamingLLM's rule (:class:`RerotatingSinkCache`), queries and keys
+    rotated by their positions within the cache. ``positions="text"``: each key rotated once at its
+    text position before caching, as notebook 11's cache does — equal to full attention with
+    RoPE at the text positions and :func:`sink_window_mask`.
+    """
+    if positions not in ("cache", "text"):
+        raise ValueError(f"positions must be 'cache' or 'text', got {positions!r}")
+    if positions == "text":
+        L = q.shape[2]
+        q, k = apply_rope(q, torch.arange(L), theta=theta), apply_rope(k, torch.arange(L), theta=theta)
+        return decode_with_sink_window(q, k, v, window, num_sinks)
+    cache = RerotatingSinkCache(window, num_sinks, theta=theta)
+    outs = []
+    for t in range(q.shape[2]):
+        keys, values, valid = cache.update(k[:, :, t : t + 1], v[:, :, t : t + 1])  # (B, h, S+W, d)
+        q_t = apply_rope(q[:, :, t : t + 1], [cache.query_position], theta=theta)  # (B, h, 1, d)
+        outs.append(scaled_dot_product_attention(q_t, keys, values, valid)[0])  # (B, h, 1, d_v)
     return torch.cat(outs, dim=2), cache  # (B, h, L, d_v)
 
 

@@ -21,6 +21,9 @@ class ModelConfig:
     ``position_scheme``: how the model knows where a token stands — "sinusoidal", "learned"
     (absolute, added to the input), "rope" (rotary, with base ``rope_theta``) or None (not recorded);
     ``position_source`` says where that comes from.
+    ``context_length``: the context the model was published for; ``sliding_window``: the window
+    of its local layers (None: every layer reads the whole context) and ``local_layers`` how many
+    of its ``num_layers`` use it (the rest are global); ``context_source`` cites all three.
     """
 
     name: str
@@ -37,6 +40,22 @@ class ModelConfig:
     position_scheme: str | None = None
     rope_theta: float | None = None
     position_source: str = ""
+    context_length: int | None = None
+    sliding_window: int | None = None
+    local_layers: int | None = None
+    context_source: str = ""
+
+    @property
+    def layer_schedule(self) -> str:
+        """The local:global layer schedule in words, e.g. "every layer windowed (4,096)"."""
+        if self.sliding_window is None:
+            return "every layer global"
+        local, total = self.local_layers, self.num_layers
+        if local == total:
+            return f"every layer windowed ({self.sliding_window:,})"
+        if local == total - local:
+            return f"1:1 local ({self.sliding_window:,}) : global"
+        return f"{local} local ({self.sliding_window:,}) : {total - local} global"
 
     @property
     def n_attention_modules(self) -> int:
@@ -74,6 +93,25 @@ class ModelConfig:
             self.num_layers, self.num_kv_heads, self.head_dim, seq_len, batch=batch, bytes_per_element=bytes_per_element
         )
 
+    def cached_tokens_per_layer(self, seq_len: int) -> list[int]:
+        """Tokens each layer's cache holds at ``seq_len``: all of them in a global layer, at most
+        ``sliding_window`` in a local one (a rolling cache; which layers are local does not change
+        the total, so the local ones are listed first)."""
+        if self.sliding_window is None:
+            return [seq_len] * self.num_layers
+        local = self.local_layers
+        return [min(seq_len, self.sliding_window)] * local + [seq_len] * (self.num_layers - local)
+
+    def windowed_cache_bytes(self, seq_len: int, *, batch: int = 1, bytes_per_element: int = 2) -> int:
+        """Cache bytes at ``seq_len`` when the local layers keep only their window (rolling
+        caches); equal to :meth:`kv_cache_bytes` for a model without windowed layers."""
+        per_layer = self.kv_cache_bytes(1, batch=batch, bytes_per_element=bytes_per_element) // self.num_layers
+        return per_layer * sum(self.cached_tokens_per_layer(seq_len))
+
+    def beyond_context(self, seq_len: int) -> bool:
+        """True when ``seq_len`` exceeds the context the model was published for."""
+        return self.context_length is not None and seq_len > self.context_length
+
 
 def _load(table: str) -> dict[str, ModelConfig]:
     """name -> ModelConfig for one table of ``model_configs.json`` (the published numbers, each with
@@ -90,3 +128,8 @@ MODEL_CONFIGS: dict[str, ModelConfig] = _load("models")
 #: qk_rope_head_dim numbers per token and layer. Kept apart from MODEL_CONFIGS, whose
 #: parameter counts assume separate W_K and W_V.
 LATENT_MODEL_CONFIGS: dict[str, ModelConfig] = _load("latent_models")
+
+#: Models whose layers mix sliding windows and full attention, kept apart from MODEL_CONFIGS
+#: (the table of notebook 03): Gemma 3 (5 local : 1 global) and gpt-oss (alternating 128-token
+#: windows, with learned sinks).
+WINDOWED_MODEL_CONFIGS: dict[str, ModelConfig] = _load("windowed_models")

@@ -39,7 +39,10 @@ class GroupedQueryAttention(nn.Module):
 
     Layers (named as in Llama checkpoints): q_proj (d_model -> h*head_dim),
     k_proj and v_proj (d_model -> h_kv*head_dim), o_proj (h*head_dim -> d_model).
-    ``head_dim`` defaults to d_model // num_heads.
+    ``head_dim`` defaults to d_model // num_heads. ``sinks=True`` adds ``sinks`` (h,), one
+    learned logit per query head that joins every softmax row and takes its share of the
+    attention with it (gpt-oss's attention sinks, see :func:`scaled_dot_product_attention`);
+    initialised to 0 (= one extra key with score 0 and value 0).
 
     ``forward(x, *, mask=None, cache=None, is_causal=False, need_weights=True, rope=None)``:
         x (B, L, d_model) — with a ``KVCache``, only the new positions; their K/V are appended
@@ -50,10 +53,13 @@ class GroupedQueryAttention(nn.Module):
         mask: bool, True = may attend, 2-D (L, L_total) or 4-D broadcastable to (B, h, L, L_total).
         is_causal: AND a bottom-right aligned :func:`causal_mask` (L, L_total) into the mask.
         Returns out (B, L, d_model) and weights (B, h, L, L_total) or None.
-    With ``need_weights=False`` it runs ``F.scaled_dot_product_attention(..., enable_gqa=True)``.
+    With ``need_weights=False`` it runs ``F.scaled_dot_product_attention(..., enable_gqa=True)``
+    (with sinks, which that kernel does not take, the course's attention and no weights).
     """
 
-    def __init__(self, d_model: int, num_heads: int, num_kv_heads: int, *, head_dim=None, bias: bool = False):
+    def __init__(
+        self, d_model: int, num_heads: int, num_kv_heads: int, *, head_dim=None, bias: bool = False, sinks=False
+    ):
         super().__init__()
         validation.positive_int("num_kv_heads", num_kv_heads)  # required here (None is not MHA)
         _, self.head_dim = validation.head_shape(d_model, num_heads, num_kv_heads, head_dim)
@@ -63,6 +69,9 @@ class GroupedQueryAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(d_model, num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(num_heads * self.head_dim, d_model, bias=bias)
+        if not isinstance(sinks, bool):
+            raise TypeError(f"sinks must be True or False, got {type(sinks).__name__}")
+        self.sinks = nn.Parameter(torch.zeros(num_heads)) if sinks else None  # (h,) logits
 
     def forward(
         self,
@@ -95,10 +104,11 @@ class GroupedQueryAttention(nn.Module):
         if is_causal:
             causal = causal_mask(L, L_total, device=x.device)
             mask = causal if mask is None else mask & causal
-        if need_weights:
+        if need_weights or self.sinks is not None:
             out, weights = scaled_dot_product_attention(
-                q, repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep), mask
+                q, repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep), mask, sinks=self.sinks
             )  # (B, h, L, hd), (B, h, L, L_total)
+            weights = weights if need_weights else None
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_rep > 1)
             weights = None
@@ -142,4 +152,5 @@ class GroupedQueryAttention(nn.Module):
         return (
             f"d_model={self.d_model}, num_heads={self.num_heads}, "
             f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}"
+            + (", sinks=True" if self.sinks is not None else "")
         )

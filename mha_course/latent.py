@@ -37,7 +37,7 @@ from .heads import merge_heads
 from .masks import causal_mask
 from .positions import apply_rope
 
-__all__ = ["MultiHeadLatentAttention", "LatentCache", "mla_cache_bytes"]
+__all__ = ["MultiHeadLatentAttention", "LatentCache", "mla_cache_bytes", "decode_intensity"]
 
 
 def mla_cache_bytes(num_layers, kv_lora_rank, qk_rope_head_dim, seq_len, *, batch=1, bytes_per_element=2) -> int:
@@ -56,6 +56,47 @@ def mla_cache_bytes(num_layers, kv_lora_rank, qk_rope_head_dim, seq_len, *, batc
     ):
         validation.positive_int(name, value, allow_zero=name in ("seq_len", "qk_rope_head_dim"))
     return num_layers * (kv_lora_rank + qk_rope_head_dim) * seq_len * batch * bytes_per_element
+
+
+def decode_intensity(
+    num_heads,
+    *,
+    kv_lora_rank=512,
+    qk_rope_head_dim=64,
+    qk_nope_head_dim=128,
+    v_head_dim=128,
+    q_len=1,
+    absorbed=True,
+    bytes_per_element=2,
+) -> float:
+    """Arithmetic intensity of MLA's attention in one decode step: FLOPs per byte read from memory
+    (both grow with the number of cached tokens, so their ratio does not depend on it).
+
+    absorbed: h·q_len queries of width r + d_R score against the cached [c_KV ; k_R] and sum the
+    latents c_KV (width r): 2·h·q_len·(2r + d_R) FLOPs per cached token, for (r + d_R) numbers
+    read — the intensity grows with the heads (≈ 2·h·q_len·(2r + d_R) / ((r + d_R) · bytes)).
+    explicit: per-head K (d_nope + d_R) and V (d_v) read for every head: 2·h·q_len·(d_nope + d_R
+    + d_v) FLOPs for h·(d_nope + d_R + d_v) numbers — q_len · 2 / bytes, whatever the heads.
+    """
+    for name, value in (
+        ("num_heads", num_heads),
+        ("kv_lora_rank", kv_lora_rank),
+        ("qk_nope_head_dim", qk_nope_head_dim),
+        ("v_head_dim", v_head_dim),
+        ("q_len", q_len),
+        ("bytes_per_element", bytes_per_element),
+    ):
+        validation.positive_int(name, value)
+    validation.positive_int("qk_rope_head_dim", qk_rope_head_dim, allow_zero=True)
+    r, rope = kv_lora_rank, qk_rope_head_dim
+    if absorbed:
+        flops = 2 * num_heads * q_len * ((r + rope) + r)  # scores over r + d_R, then a sum of latents
+        numbers = r + rope  # the cache itself, shared by all heads
+    else:
+        width = qk_nope_head_dim + rope + v_head_dim  # one head's key and value
+        flops = 2 * num_heads * q_len * width
+        numbers = num_heads * width
+    return flops / (numbers * bytes_per_element)
 
 
 class LatentCache:

@@ -203,3 +203,59 @@ def test_tiny_model_training_is_deterministic_and_shares_add_up():
         per_position = torch.nn.functional.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")
     assert losses["full attention"] == pytest.approx(per_position[:, 6:].mean().item(), rel=1e-12)
     assert list(losses) == ["full attention", "window 4, no sink", "window 4 + 2 sinks"]
+
+
+def test_rope_matrix_is_the_rotation_as_a_matrix():
+    from mha_course.positions import apply_rope
+
+    x = torch.randn(5, 16, dtype=torch.float64)
+    for p in (0, 3, 11):
+        rotated = apply_rope(x, torch.full((5,), p), layout="interleaved")
+        torch.testing.assert_close(x @ lesson.rope_matrix(p, 16), rotated, atol=1e-12, rtol=0)
+
+
+def test_transformers_sink_attention_wrapper_matches_the_course():
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 4, 6, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(1, 2, 6, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    sinks = torch.randn(4, generator=g, dtype=torch.float64)
+    mask = mc.sliding_window_mask(6, 3)
+    out, w = lesson.transformers_sink_attention(q, k, v, sinks, mask)
+    ours, ours_w = mc.scaled_dot_product_attention(q, mc.repeat_kv(k, 2), mc.repeat_kv(v, 2), mask, sinks=sinks)
+    torch.testing.assert_close(out, ours, atol=1e-12, rtol=0)
+    torch.testing.assert_close(w, ours_w, atol=1e-12, rtol=0)
+
+
+def test_draw_roofline_and_explorer_name_what_they_show():
+    import matplotlib.pyplot as plt
+
+    fig = lesson.draw_roofline({"a": 1.0, "b": 500.0}, peak_tflops=989, bandwidth_tbs=3.35, gpu="H100 SXM")
+    ax = fig.axes[0]
+    assert "ridge at 295 FLOP/B" in ax.get_title() and ax.get_xlabel() and ax.get_ylabel()
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["a: 1 FLOP/B", "b: 500 FLOP/B"]
+    plt.close(fig)
+    fig = lesson.draw_explorer("DeepSeek-V2-Lite", "MLA", num_kv_heads=4)
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert "window + sinks (on GQA: 4 K/V heads of 128)" in labels
+    plt.close(fig)
+
+
+def test_streaming_reference_equals_the_rerotating_cache():
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, 2, 15, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    out, _ = mc.cache_schemes.decode_streaming(q, k, v, 4, 1)
+    torch.testing.assert_close(lesson.streaming_reference(q, k, v, window=4, num_sinks=1), out, atol=1e-12, rtol=0)
+
+
+def test_tiny_model_with_sinks_learns_its_sink_logits():
+    plain = lesson.train_tiny_lm(seed=0, steps=3, batch_size=4)
+    sunk = lesson.train_tiny_lm(seed=0, steps=3, batch_size=4, sinks=True)
+    assert all(layer.self_attn.sinks is None for layer in plain.layers)
+    assert all(layer.self_attn.sinks.abs().max() > 0 for layer in sunk.layers)  # moved from 0
+    tokens = lesson.sample_sequences(lesson.markov_table(), 8, seed=1)
+    shares = lesson.attention_shares(sunk, tokens, window=8, from_position=12)
+    assert bool((shares["the learned sink"] > 0).all())
+    assert (
+        float(lesson.attention_shares(plain, tokens, window=8, from_position=12)["the learned sink"].abs().max())
+        < 1e-12
+    )

@@ -30,7 +30,37 @@ def search_update(keys, positions, k_new, t, window, num_sinks):  # an empty slo
     return keys, positions
 
 
-@pytest.mark.parametrize("fn", [ring_update, search_update])
+def modulo_update(keys, positions, k_new, t, window, num_sinks):  # the layout the prompt's freedom allows
+    slot = t if t < num_sinks else num_sinks + t % window
+    keys[:, slot] = k_new
+    positions[slot] = t
+    return keys, positions
+
+
+def shifting_update(keys, positions, k_new, t, window, num_sinks):  # window kept in order, oldest first
+    keys, positions = keys.clone(), positions.clone()
+    if t < num_sinks:
+        keys[:, t], positions[t] = k_new, t
+        return keys, positions
+    held = int((positions[num_sinks:] >= 0).sum())
+    if held == window:  # drop the oldest window token by shifting the window left
+        keys[:, num_sinks:-1], positions[num_sinks:-1] = (
+            keys[:, num_sinks + 1 :].clone(),
+            positions[num_sinks + 1 :].clone(),
+        )
+        held -= 1
+    keys[:, num_sinks + held], positions[num_sinks + held] = k_new, t
+    return keys, positions
+
+
+def reversed_update(keys, positions, k_new, t, window, num_sinks):  # sinks in the LAST slots
+    slots = num_sinks + window
+    slot = slots - 1 - t if t < num_sinks else (t - num_sinks) % window
+    keys[:, slot], positions[slot] = k_new, t
+    return keys, positions
+
+
+@pytest.mark.parametrize("fn", [ring_update, search_update, modulo_update, shifting_update, reversed_update])
 def test_sink_window_update_accepts_correct_variants(fn):
     result = mc.check.sink_window_update(fn)
     assert result.passed, result
@@ -58,14 +88,38 @@ def test_sink_window_update_names_mistakes():
         keys[:, slot], positions[slot] = k_new, t
         return keys, positions
 
+    def one_short(keys, positions, k_new, t, window, num_sinks):
+        slot = t if t < num_sinks else num_sinks + (t - num_sinks) % (window - 1)
+        keys[:, slot], positions[slot] = k_new, t
+        return keys, positions
+
+    def ring_all_other_layout(keys, positions, k_new, t, window, num_sinks):  # same content as ring_all
+        slots = num_sinks + window
+        slot = slots - 1 - t % slots
+        keys[:, slot], positions[slot] = k_new, t
+        return keys, positions
+
     for fn, words in [
-        (ring_all, "evicts the sinks"),
-        (from_zero, "overwrite the sinks"),
-        (no_positions, "positions was not updated"),
+        (ring_all, "first num_sinks positions were evicted"),
+        (ring_all_other_layout, "first num_sinks positions were evicted"),
+        (from_zero, "overwrote a sink"),
+        (no_positions, "positions never changes"),
         (newest, "OLDEST"),
+        (one_short, "window − 1 tokens"),
     ]:
         result = mc.check.sink_window_update(fn)
         assert not result.passed and "likely mistake" in result.message and words in result.message, (fn, result)
+
+
+def test_sink_window_update_diagnoses_fire_only_on_code_that_makes_them():
+    """Every correct layout passes, so no diagnosis can be handed to one; and each wrong variant is
+    given its own diagnosis, not another's."""
+    from mha_course.check.cache_schemes import SINK_WINDOW_UPDATE_MISTAKES
+
+    texts = {m.name: m.diagnosis for m in SINK_WINDOW_UPDATE_MISTAKES}
+    for fn in (ring_update, search_update, modulo_update, shifting_update, reversed_update):
+        message = mc.check.sink_window_update(fn).message
+        assert not any(text in message for text in texts.values()), (fn, message)
 
 
 def test_sink_window_update_not_attempted_and_raising():

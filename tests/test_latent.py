@@ -158,3 +158,39 @@ def test_bad_inputs():
         layer(torch.randn(1, 3, 12))
     with pytest.raises(TypeError, match="LatentCache"):
         layer(torch.randn(1, 3, 16), cache=mc.KVCache())
+
+
+@pytest.mark.parametrize("heads, q_len", [(4, 1), (16, 2), (128, 1)])
+def test_decode_intensity_counts_what_the_kernels_do(heads, q_len):
+    """FLOPs counted by PyTorch's FlopCounterMode on the two forms' attention matmuls, bytes from
+    the tensors they read."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from mha_course.latent import decode_intensity
+
+    r, rope, nope, dv, T = 32, 8, 16, 16, 50
+    with torch.device("meta"):
+        q_latent = torch.empty(heads, q_len, r + rope, dtype=torch.bfloat16)
+        cache = torch.empty(T, r + rope, dtype=torch.bfloat16)  # [c_KV ; k_R] per token
+        q = torch.empty(heads, q_len, nope + rope, dtype=torch.bfloat16)
+        k = torch.empty(heads, T, nope + rope, dtype=torch.bfloat16)
+        v = torch.empty(heads, T, dv, dtype=torch.bfloat16)
+        with FlopCounterMode(display=False) as absorbed:
+            w = q_latent @ cache.T  # (h, q_len, T)
+            _ = w @ cache[:, :r]  # (h, q_len, r)
+        with FlopCounterMode(display=False) as explicit:
+            w = q @ k.transpose(1, 2)
+            _ = w @ v
+    args = dict(kv_lora_rank=r, qk_rope_head_dim=rope, qk_nope_head_dim=nope, v_head_dim=dv, q_len=q_len)
+    got = decode_intensity(heads, **args)
+    assert got == pytest.approx(absorbed.get_total_flops() / (cache.numel() * 2), rel=1e-12)
+    got = decode_intensity(heads, absorbed=False, **args)
+    assert got == pytest.approx(explicit.get_total_flops() / ((k.numel() + v.numel()) * 2), rel=1e-12)
+    assert got == pytest.approx(q_len)  # 2 FLOPs per number, 2 bytes per number
+
+
+def test_decode_intensity_bad_input():
+    from mha_course.latent import decode_intensity
+
+    with pytest.raises(ValueError, match="num_heads"):
+        decode_intensity(0)

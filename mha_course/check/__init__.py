@@ -33,6 +33,7 @@ from .positions import apply_rope, rope_step
 from .pretrained import previous_token_score
 from .specialize import ablate_heads
 from .split_merge import attend_in_heads
+from .streaming import cache_positions, sink_softmax
 from .tiled import online_softmax_update, tiled_attention
 from .torch_masks import to_torch_masks
 
@@ -68,6 +69,8 @@ CHECKERS = {
         rope_step,
         mla_cache_bytes,
         sink_window_update,
+        sink_softmax,
+        cache_positions,
         gather_blocks,
         normalize_rows,
         softmax_backward,

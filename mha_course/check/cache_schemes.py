@@ -35,32 +35,37 @@ def _reference_slot(t, positions, window, num_sinks):
 _reference_update = _update_at(_reference_slot)
 
 
-def _canonical(out):
-    """(keys (h, slots, d), positions (slots,)) -> (kept positions sorted, their keys (h, kept, d)):
-    the cache's content, whatever slot each token sits in."""
-    if not (isinstance(out, (tuple, list)) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out)):
-        return out
-    keys, positions = out
-    if positions.dim() != 1 or keys.dim() != 3 or keys.shape[1] != positions.shape[0]:
-        return out
-    positions = positions.to(torch.long)
-    kept = torch.nonzero(positions >= 0).flatten()
-    order = kept[positions[kept].argsort()]
-    return positions[order], keys[:, order]
+def _trajectory(update, window, num_sinks, steps, h=2, d=3):
+    """Run ``update`` from an empty cache for ``steps`` positions and record, after each step,
+    what the cache holds whatever slot each token sits in: the kept positions in increasing order
+    (steps, slots), padded with −1, and their keys (steps, h, slots, d), padded with 0. A malformed
+    return value is handed back as it is, for the framework to describe."""
+    g = tensor_generator(1000 * window + 10 * num_sinks + steps)
+    slots = num_sinks + window
+    keys = torch.zeros(h, slots, d)
+    positions = torch.full((slots,), -1, dtype=torch.long)
+    kept_rows, key_rows = [], []
+    for t in range(steps):
+        out = update(keys, positions, torch.randn(h, d, generator=g), t, window, num_sinks)
+        if not (isinstance(out, (tuple, list)) and len(out) == 2 and all(isinstance(x, torch.Tensor) for x in out)):
+            return out
+        keys, positions = out
+        if positions.shape != (slots,) or keys.shape != (h, slots, d):
+            return out
+        held = torch.nonzero(positions.to(torch.long) >= 0).flatten()
+        order = held[positions[held].to(torch.long).argsort()]  # slots of the kept tokens, oldest first
+        kept = torch.full((slots,), -1, dtype=torch.long)
+        kept[: len(order)] = positions[order].to(torch.long)
+        row = torch.zeros(h, slots, d, dtype=keys.dtype)
+        row[:, : len(order)] = keys[:, order]
+        kept_rows.append(kept)
+        key_rows.append(row)
+        keys, positions = keys.clone(), positions.clone()  # the next call may write in place
+    return torch.stack(kept_rows), torch.stack(key_rows)  # (steps, slots), (steps, h, slots, d)
 
 
-def _state(t, window, num_sinks, h=2, d=3, seed=0):
-    """The cache after positions 0 .. t-1 (written by the reference), and the key of position t."""
-    g = tensor_generator(seed)
-    keys = torch.zeros(h, num_sinks + window, d)
-    positions = torch.full((num_sinks + window,), -1, dtype=torch.long)
-    for s in range(t):
-        keys, positions = _reference_update(keys, positions, torch.randn(h, d, generator=g), s, window, num_sinks)
-    return keys, positions, torch.randn(h, d, generator=g)
-
-
-def _canon(update):
-    return lambda *args: _canonical(update(*args))
+def _run_from_empty(update):
+    return lambda window, num_sinks, steps: _trajectory(update, window, num_sinks, steps)
 
 
 def _newest_slot(t, positions, window, num_sinks):
@@ -74,13 +79,20 @@ def _positions_not_recorded(keys, positions, k_new, t, window, num_sinks):
     return keys, positions
 
 
+def _one_too_few(t, positions, window, num_sinks):
+    if t < num_sinks:
+        return t
+    return num_sinks + (t - num_sinks) % max(window - 1, 1)  # the window's last slot is never used
+
+
 SINK_WINDOW_UPDATE_MISTAKES = mistakes(
     "sink_window_update",
     {
-        "ring over all slots": _canon(_update_at(lambda t, p, w, s: t % (s + w))),
-        "window slots from 0": _canon(_update_at(lambda t, p, w, s: t if t < s else (t - s) % w)),
-        "evicts the newest": _canon(_update_at(_newest_slot)),
-        "positions not recorded": _canon(_positions_not_recorded),
+        "ring over all slots": _run_from_empty(_update_at(lambda t, p, w, s: t % (s + w))),
+        "window slots from 0": _run_from_empty(_update_at(lambda t, p, w, s: t if t < s else (t - s) % w)),
+        "evicts the newest": _run_from_empty(_update_at(_newest_slot)),
+        "one too few": _run_from_empty(_update_at(_one_too_few)),
+        "positions not recorded": _run_from_empty(_positions_not_recorded),
     },
 )
 
@@ -89,24 +101,25 @@ def sink_window_update(fn) -> CheckResult:
     """Check ``fn(keys, positions, k_new, t, window, num_sinks) -> (keys, positions)``: write the key
     k_new (h, d) of position t into a cache of num_sinks + window slots — keys (h, slots, d),
     positions (slots,) with −1 for an empty slot — so that it then holds the first num_sinks
-    positions and the last ``window`` positions up to t. Which slot a token sits in is free."""
-    specs = [  # (t, window, num_sinks, description)
-        (1, 4, 2, "filling the sinks"),
-        (4, 4, 2, "filling the window"),
-        (6, 4, 2, "first eviction"),
-        (11, 4, 2, "long after the first eviction"),
-        (7, 3, 0, "no sinks"),
-        (10, 2, 3, "window 2, three sinks"),
+    positions and the last ``window`` positions up to t. Which slot a token sits in is free: the
+    check runs ``fn`` from an empty cache, step after step, and compares what the cache *holds*
+    after every step (the kept positions and their keys), never the slots."""
+    specs = [  # (window, num_sinks, steps, description)
+        (4, 2, 40, "window 4, 2 sinks, 40 steps from empty"),
+        (3, 0, 20, "window 3, no sinks, 20 steps"),
+        (2, 3, 25, "window 2, 3 sinks, 25 steps"),
+        (5, 1, 30, "window 5, 1 sink, 30 steps"),
+        (6, 4, 8, "window 6, 4 sinks, 8 steps: the cache never fills"),
     ]
-    cases = [Case((*_state(t, w, s, seed=i), t, w, s), description=text) for i, (t, w, s, text) in enumerate(specs)]
+    cases = [Case((w, s, n), description=text) for w, s, n, text in specs]
     return run_check(
         "sink_window_update",
-        _canon(fn) if callable(fn) else fn,
+        _run_from_empty(fn) if callable(fn) else fn,
         cases,
-        _canon(_reference_update),
+        _run_from_empty(_reference_update),
         SINK_WINDOW_UPDATE_MISTAKES,
-        arg_names=("keys", "positions", "k_new", "t", "window", "num_sinks"),
-        output_names=("kept positions", "their keys"),
+        arg_names=("window", "num_sinks", "steps"),
+        output_names=("kept positions after each step", "their keys"),
     )
 
 

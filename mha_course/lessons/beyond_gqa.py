@@ -18,7 +18,8 @@ from torch import nn
 from .. import validation
 from ..block import Encoder
 from ..cache_schemes import sink_window_mask
-from ..configs import LATENT_MODEL_CONFIGS, MODEL_CONFIGS, ModelConfig
+from ..configs import LATENT_MODEL_CONFIGS, MODEL_CONFIGS, WINDOWED_MODEL_CONFIGS, ModelConfig
+from ..gqa import GroupedQueryAttention
 from .tiny_training import fixed_threads
 
 GIB, KIB = 2**30, 2**10
@@ -26,8 +27,8 @@ SCHEMES = ("MHA", "GQA", "MQA", "MLA", "window + sinks")
 
 
 def all_configs() -> dict[str, ModelConfig]:
-    """MODEL_CONFIGS and LATENT_MODEL_CONFIGS together (name -> ModelConfig)."""
-    return {**MODEL_CONFIGS, **LATENT_MODEL_CONFIGS}
+    """MODEL_CONFIGS, WINDOWED_MODEL_CONFIGS and LATENT_MODEL_CONFIGS together (name -> ModelConfig)."""
+    return {**MODEL_CONFIGS, **WINDOWED_MODEL_CONFIGS, **LATENT_MODEL_CONFIGS}
 
 
 def cache_elements_per_token(scheme: str, *, num_kv_heads: int, head_dim: int, kv_lora_rank=512, rope_dim=64) -> int:
@@ -83,52 +84,95 @@ def receptive_field(num_layers: int, window: int, seq_len: int) -> int:
 # ---------------------------------------------------------------------------------------------
 # the tiny language model for the window-and-sinks experiment
 
-VOCAB, BOS, SEQ_LEN = 16, 16, 48
+VOCAB, BOS, SEQ_LEN = 16, 16, 32
+MARKER, MARKER_RATE, COPY_SPAN = 15, 0.05, 6  # token 15 marks a value to copy for 6 steps
 
 
 def markov_table(seed: int = 100) -> torch.Tensor:
-    """(V, V, V) next-token probabilities given the two previous tokens: a peaked random table."""
+    """(V−1, V−1) next-token probabilities of the ordinary tokens 0..14 given the previous one."""
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(VOCAB, VOCAB, VOCAB, generator=g, dtype=torch.float64) * 3.0).softmax(-1)
+    return (torch.randn(VOCAB - 1, VOCAB - 1, generator=g, dtype=torch.float64) * 3.0).softmax(-1)
 
 
 def sample_sequences(table: torch.Tensor, n: int, *, seed: int) -> torch.Tensor:
-    """(n, SEQ_LEN) token ids: BOS, two uniform tokens, then each token drawn from
-    ``table[previous-but-one, previous]`` — predicting a token needs the last two only."""
+    """(n, SEQ_LEN) token ids: BOS, then a first-order Markov chain (``table``) into which a
+    MARKER is dropped now and then (rate 5%). The token right after a marker is a *value*; for
+    the next COPY_SPAN steps every token repeats it. So a head must look for a recent marker —
+    and, most of the time, when there is none, attend to nothing in particular."""
     g = torch.Generator().manual_seed(seed)
     x = torch.empty(n, SEQ_LEN, dtype=torch.long)
     x[:, 0] = BOS
-    x[:, 1:3] = torch.randint(VOCAB, (n, 2), generator=g)
-    for t in range(3, SEQ_LEN):
-        x[:, t] = torch.multinomial(table[x[:, t - 2], x[:, t - 1]], 1, generator=g)[:, 0]
+    x[:, 1] = torch.randint(VOCAB - 1, (n,), generator=g)
+    value, age = torch.full((n,), -1), torch.full((n,), COPY_SPAN + 1)
+    for t in range(2, SEQ_LEN):
+        after_marker = x[:, t - 1] == MARKER
+        chain = torch.multinomial(table[x[:, t - 1].clamp(max=VOCAB - 2)], 1, generator=g)[:, 0]  # (n,)
+        copying = (age <= COPY_SPAN) & (value >= 0) & ~after_marker
+        marker = (torch.rand(n, generator=g, dtype=torch.float64) < MARKER_RATE) & ~after_marker & ~copying
+        x[:, t] = torch.where(copying, value, torch.where(marker, MARKER, chain))
+        value = torch.where(after_marker, x[:, t], value)  # the token after a marker is the value
+        age = torch.where(after_marker, 0, age + 1)
     return x
 
 
-class TinyLM(nn.Module):
-    """Token + learned position embeddings -> a causal pre-norm stack (``mc.block.Encoder``) -> logits."""
+class TinyBlock(nn.Module):
+    """A pre-norm decoder block: x + attention(LN(x)), then x + MLP(LN(x)); the attention is a
+    causal ``mc.GroupedQueryAttention`` (as many K/V heads as heads), with learned sinks or not."""
 
-    def __init__(self, d_model: int = 32, num_heads: int = 2, num_layers: int = 2):
+    def __init__(self, d_model: int, num_heads: int, *, sinks: bool):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.self_attn = GroupedQueryAttention(d_model, num_heads, num_heads, bias=True, sinks=sinks)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+
+    def forward(self, x, mask=None):
+        x = x + self.self_attn(self.norm1(x), mask=mask, is_causal=True)[0]  # (B, L, d_model)
+        return x + self.mlp(self.norm2(x))
+
+
+class TinyLM(nn.Module):
+    """Token + learned position embeddings -> causal pre-norm blocks (:class:`TinyBlock`) -> logits.
+    ``sinks=True`` gives every head a learned sink logit (gpt-oss's attention sinks)."""
+
+    def __init__(self, d_model: int = 32, num_heads: int = 2, num_layers: int = 2, *, sinks: bool = False):
         super().__init__()
         self.embed = nn.Embedding(VOCAB + 1, d_model)
         self.pos = nn.Parameter(0.1 * torch.randn(SEQ_LEN, d_model))
-        self.stack = Encoder(num_layers, d_model, num_heads, 4 * d_model, causal=True, norm_first=True)
+        self.layers = nn.ModuleList(TinyBlock(d_model, num_heads, sinks=sinks) for _ in range(num_layers))
+        self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, VOCAB)
 
     def forward(self, tokens, mask=None):
         """tokens (B, L) -> logits (B, L, V); ``mask`` (L, L) bool is ANDed with the causal mask."""
         x = self.embed(tokens) + self.pos[: tokens.shape[1]]  # (B, L, d_model)
-        return self.head(self.stack(x, mask=mask))  # (B, L, V)
+        for layer in self.layers:
+            x = layer(x, mask)
+        return self.head(self.norm(x))  # (B, L, V)
 
 
-def train_tiny_lm(*, seed: int = 0, steps: int = 250, batch_size: int = 32, lr: float = 3e-3, progress=None):
-    """Train a :class:`TinyLM` in float64 on :func:`sample_sequences` with full causal attention.
-    Deterministic for a seed (one thread); returns the model in eval mode."""
+def train_tiny_lm(
+    *,
+    seed: int = 0,
+    steps: int = 150,
+    batch_size: int = 32,
+    lr: float = 3e-3,
+    sinks: bool = False,
+    sink_lr: float = 0.08,
+    progress=None,
+):
+    """Train a :class:`TinyLM` (with learned sinks or not) in float64 on :func:`sample_sequences`
+    with full causal attention. Deterministic for a seed (one thread); returns it in eval mode.
+    The sink logits learn at ``sink_lr``: Adam moves a parameter by about its learning rate per
+    step, so at ``lr`` a lone logit could not travel far in a few hundred steps."""
     table = markov_table()
     data = sample_sequences(table, steps * batch_size, seed=seed + 1)
     with fixed_threads(), torch.random.fork_rng(devices=[]), torch.enable_grad():
         torch.manual_seed(seed)
-        model = TinyLM().double()
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        model = TinyLM(sinks=sinks).double()
+        sink_logits = [p for n, p in model.named_parameters() if n.endswith("sinks")]
+        others = [p for n, p in model.named_parameters() if not n.endswith("sinks")]
+        groups = [{"params": others}] + ([{"params": sink_logits, "lr": sink_lr}] if sink_logits else [])
+        opt = torch.optim.AdamW(groups, lr=lr, weight_decay=0.0)
         for step in range(steps):
             x = data[step * batch_size : (step + 1) * batch_size]  # (B, L)
             loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
@@ -163,11 +207,10 @@ def windowed_losses(model: TinyLM, tokens, *, window: int, sinks=(0, 1, 4)) -> d
 def attention_shares(model: TinyLM, tokens, *, window: int, from_position: int) -> dict[str, torch.Tensor]:
     """Where the queries at positions ≥ ``from_position`` put their attention under full causal
     attention, per layer and head: {"the BOS token": share on position 0, "keys beyond the window": share on
-    positions 1 .. t − window} — each (layers, heads), averaged over queries and sequences."""
+    positions 1 .. t − window, "the learned sink": 1 − the row's sum} — each (layers, heads),
+    averaged over queries and sequences."""
     weights = []
-    hooks = [
-        layer.self_attn.register_forward_hook(lambda m, i, o: weights.append(o[1])) for layer in model.stack.layers
-    ]
+    hooks = [layer.self_attn.register_forward_hook(lambda m, i, o: weights.append(o[1])) for layer in model.layers]
     try:
         with fixed_threads():
             model(tokens[:, :-1])
@@ -181,6 +224,7 @@ def attention_shares(model: TinyLM, tokens, *, window: int, from_position: int) 
     return {
         "the BOS token": w[..., 0].mean(dim=(1, 3)),  # (layers, h)
         "keys beyond the window": (w * old).sum(-1).mean(dim=(1, 3)),
+        "the learned sink": (1 - w.sum(-1)).mean(dim=(1, 3)),
     }
 
 
@@ -218,8 +262,9 @@ def draw_explorer(
     block_size: int = 16,
 ):
     """Left: cache GiB (one sequence, bf16) against context length for every scheme at ``model``'s
-    layers and head_dim, ``scheme`` highlighted, the chosen context marked. Right: which keys the
-    last query reads at a toy scale (32 tokens; the window scaled by 32 / context_len)."""
+    layers and head_dim, ``scheme`` highlighted, the chosen context marked; "window + sinks" is a
+    window over a GQA cache of ``num_kv_heads`` K/V heads (the legend says so), also for MLA models.
+    Right: which keys the last query reads at a toy scale (32 tokens; the window scaled by 32 / context_len)."""
     cfg = all_configs()[model]
     if scheme not in SCHEMES:
         raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
@@ -235,6 +280,7 @@ def draw_explorer(
     validation.positive_int("num_sinks", num_sinks, allow_zero=True)
     knobs = dict(num_kv_heads=num_kv_heads, kv_lora_rank=kv_lora_rank, window=window, num_sinks=num_sinks)
     contexts = [2**k for k in range(10, 18)]
+    window_label = f"window + sinks (on GQA: {num_kv_heads} K/V heads of {cfg.head_dim})"
     fig, (left, right) = plt.subplots(1, 2, figsize=(12.5, 4), gridspec_kw={"width_ratios": [1.7, 1]})
     for s in SCHEMES:
         gib = [scheme_cache_bytes(cfg, s, T, **knobs) / GIB for T in contexts]
@@ -245,7 +291,7 @@ def draw_explorer(
             "o-" if chosen else ".-",
             lw=2.5 if chosen else 1,
             alpha=1 if chosen else 0.6,
-            label=s if s != "GQA" else f"GQA ({num_kv_heads} K/V heads)",
+            label={"GQA": f"GQA ({num_kv_heads} K/V heads)", "window + sinks": window_label}.get(s, s),
         )
     total = scheme_cache_bytes(cfg, scheme, context_len, block_size=block_size, **knobs)
     exact = scheme_cache_bytes(cfg, scheme, context_len, **knobs)
@@ -332,3 +378,63 @@ def share_in_words(share: float) -> str:
     if share < 0.1:
         return "less than 10%"
     return "between 10% and 50%" if share < 0.5 else "more than half"
+
+
+def transformers_sink_attention(q, k, v, sinks, mask):
+    """``transformers``' gpt-oss eager attention (``eager_attention_forward``, an independent
+    implementation of learned sinks) on q (B, h, L, d), k and v (B, h_kv, L, d), sinks (h,) and a
+    bool mask (L, L), True = may attend. Returns out (B, h, L, d) and weights (B, h, L, L)."""
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    module = nn.Module()
+    module.sinks, module.num_key_value_groups, module.training = sinks, q.shape[1] // k.shape[1], False
+    additive = torch.zeros(mask.shape, dtype=q.dtype).masked_fill(~mask, torch.finfo(q.dtype).min)
+    out, weights = eager_attention_forward(module, q, k, v, additive[None, None], scaling=q.shape[-1] ** -0.5)
+    return out.transpose(1, 2), weights  # (B, h, L, d), (B, h, L, L)
+
+
+def rope_matrix(position: int, dim: int, *, dtype=torch.float64):
+    """(dim, dim) M with rope(x) = x @ M for a row x at ``position`` (interleaved pairs, as MLA's
+    RoPE part): each row of the identity rotated."""
+    from ..positions import apply_rope
+
+    eye = torch.eye(dim, dtype=dtype)
+    return apply_rope(eye, torch.full((dim,), position), layout="interleaved")
+
+
+def draw_roofline(points: dict, *, peak_tflops: float, bandwidth_tbs: float, gpu: str):
+    """A roofline: attainable TFLOP/s = min(peak, bandwidth · intensity) against FLOPs per byte
+    (log–log), with ``points`` (label -> intensity) marked on the line."""
+    ridge = peak_tflops / bandwidth_tbs  # FLOPs per byte where the two limits meet
+    x = torch.logspace(-0.5, 3.5, 200).tolist()
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    ax.plot(x, [min(peak_tflops, bandwidth_tbs * i) for i in x], color="black", lw=1.5)
+    ax.axvline(ridge, color="gray", ls=":", lw=1)
+    for label, intensity in points.items():
+        y = min(peak_tflops, bandwidth_tbs * intensity)
+        ax.plot([intensity], [y], "o", label=f"{label}: {intensity:.0f} FLOP/B")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="arithmetic intensity (FLOPs per byte read)",
+        ylabel="attainable TFLOP/s",
+        title=f"MLA decode on the roofline of an {gpu} (ridge at {ridge:.0f} FLOP/B)",
+    )
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def streaming_reference(q, k, v, *, window: int, num_sinks: int):
+    """StreamingLLM's definition as a naive loop: at step t the kept tokens (the first
+    ``num_sinks`` and the last ``window``) form a fresh sequence at positions 0..n−1, the query
+    at n−1. q, k (B, h, L, d) before RoPE, v (B, h, L, d_v) -> (B, h, L, d_v)."""
+    from ..positions import apply_rope
+
+    outs = []
+    for t in range(q.shape[2]):
+        kept = sorted(set(range(min(num_sinks, t + 1))) | set(range(max(0, t - window + 1), t + 1)))
+        keys = apply_rope(k[:, :, kept], torch.arange(len(kept)))  # (B, h, n, d)
+        query = apply_rope(q[:, :, t : t + 1], [len(kept) - 1])  # (B, h, 1, d)
+        outs.append(F.scaled_dot_product_attention(query, keys, v[:, :, kept]))
+    return torch.cat(outs, dim=2)  # (B, h, L, d_v)

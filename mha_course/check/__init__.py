@@ -25,7 +25,7 @@ from .kv_cache import write_kv
 from .leakage import leaks_future
 from .masks import causal_mask, padding_mask
 from .per_head import multi_head_attention_per_head
-from .positions import apply_rope, rope_step
+from .positions import apply_rope, llama3_frequencies, rope_step
 from .pretrained import previous_token_score
 from .specialize import ablate_heads
 from .tiled import online_softmax_update, tiled_attention
@@ -58,6 +58,7 @@ CHECKERS = {
         attention_entropy,
         apply_rope,
         rope_step,
+        llama3_frequencies,
         mla_cache_bytes,
         sink_window_update,
         gather_blocks,

@@ -144,7 +144,7 @@ def _llama3_variant(freqs, factor, low, high, old_len, *, two_pi=True, slow=None
     return keep * freqs + (1 - keep) * slowed
 
 
-LLAMA3_MISTAKES = mistakes(
+LLAMA3_FREQUENCIES_MISTAKES = mistakes(
     "llama3_frequencies",
     {
         "all divided": lambda f, s, lo, hi, n: f / s,
@@ -180,7 +180,7 @@ def llama3_frequencies(fn) -> CheckResult:
         fn,
         cases,
         _llama3,
-        LLAMA3_MISTAKES,
+        LLAMA3_FREQUENCIES_MISTAKES,
         arg_names=("freqs", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
         output_label="frequencies",
         atol=0.0,

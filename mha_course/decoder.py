@@ -62,7 +62,8 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # (..., d_ff) -> (..., d_model)
+        hidden = F.silu(self.gate_proj(x)) * self.up_proj(x)  # (..., d_ff)
+        return self.down_proj(hidden)  # (..., d_model)
 
 
 @dataclass(frozen=True)
@@ -124,10 +125,15 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.d_model, c.rms_norm_eps)
         self.mlp = SwiGLU(c.d_model, c.d_ff, bias=c.mlp_bias)
 
-    def forward(self, x: torch.Tensor, rope: RotaryEmbedding, cache: KVCache | None = None) -> torch.Tensor:
-        attn, _ = self.self_attn(
-            self.input_layernorm(x), cache=cache, is_causal=True, need_weights=False, rope=rope
-        )  # (B, L, d_model)
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: RotaryEmbedding,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        h = self.input_layernorm(x)  # (B, L, d_model)
+        causal = {"is_causal": True, "need_weights": False}  # causal mask, no weights
+        attn, _ = self.self_attn(h, cache=cache, rope=rope, **causal)  # (B, L, d_model)
         x = x + attn
         return x + self.mlp(self.post_attention_layernorm(x))  # (B, L, d_model)
 

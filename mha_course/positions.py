@@ -251,8 +251,8 @@ def rope_cos_sin(
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """(x1, x2) -> (-x2, x1) on the two halves of the last dim: the 90° turn of every pair
-    (i, i + d/2) in the "half" layout."""
+    """(x1, x2) -> (-x2, x1) on the two halves of the last dim: the 90° turn of
+    every pair (i, i + d/2) in the "half" layout."""
     x1, x2 = x.chunk(2, dim=-1)  # (..., d/2) each
     return torch.cat([-x2, x1], dim=-1)  # (..., d)
 
@@ -263,9 +263,16 @@ def rotate_pairs(x: torch.Tensor) -> torch.Tensor:
     return torch.stack([-pairs[..., 1], pairs[..., 0]], dim=-1).flatten(-2)  # (..., d)
 
 
-def apply_rotation(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layout: str = "half") -> torch.Tensor:
-    """Rotate every pair of x by the angles whose cos and sin are given (from :func:`rope_cos_sin`):
-    x · cos + turn90(x) · sin. x (..., L, head_dim); cos, sin broadcastable to x."""
+def apply_rotation(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    layout: str = "half",
+) -> torch.Tensor:
+    """Rotate every pair of x by the angles whose cos and sin are given (from
+    :func:`rope_cos_sin`): x · cos + turn90(x) · sin. x (..., L, head_dim); cos, sin
+    broadcastable to x."""
     _check_layout(layout)
     turn = rotate_half if layout == "half" else rotate_pairs
     return x * cos + turn(x) * sin

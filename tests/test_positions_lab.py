@@ -148,6 +148,16 @@ def test_draw_rope_shows_the_chosen_pair_and_offset():
         lab.draw_rope(pair=8, head_dim=16)
 
 
+def test_the_theta_slider_changes_the_curves():
+    """The explorer's θ control: a larger base keeps the q = k score high for longer."""
+    small, large = (lab.draw_rope(pair=1, offset=5, head_dim=16, theta=t) for t in (100.0, 1e6))
+    q_k_small, q_k_large = (f.axes[1].lines[0].get_ydata() for f in (small, large))
+    assert q_k_large[200:].mean() > q_k_small[200:].mean() + 0.2
+    assert "θ = 1,000,000" in large.axes[1].get_title()
+    plt.close(small)
+    plt.close(large)
+
+
 def test_draw_experiments():
     fig = lab.draw_experiments({"RoPE": ([0, 1], [0.0, 1e-12])}, {"RoPE": 0.2, "none": 0.0})
     assert len(fig.axes) == 2 and all(ax.get_title() for ax in fig.axes)

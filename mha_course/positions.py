@@ -124,6 +124,12 @@ def _scaling_params(scaling, theta: float) -> tuple[str, dict]:
     if not isinstance(scaling, dict):
         raise TypeError(f"scaling must be a dict like transformers' rope_scaling, got {type(scaling).__name__}")
     kind = scaling.get("rope_type", scaling.get("type", "default"))  # "type": transformers v4's old key
+    if kind == "dynamic":
+        raise ValueError(
+            "scaling rope_type 'dynamic' changes θ with the running sequence length, so it has no fixed "
+            "frequencies: at s times max_position_embeddings it is plain RoPE with "
+            "theta · (factor·s − factor + 1)^(d/(d−2)) (NTK-aware scaling: factor = 1)"
+        )
     if kind not in _SCALING_KEYS:
         raise ValueError(f"scaling rope_type must be one of {ROPE_TYPES}, got {kind!r}")
     required, optional = _SCALING_KEYS[kind]

@@ -82,4 +82,4 @@ def test_a_short_run_learns_the_task_and_tabulates_every_method():
 def test_cli_prints_the_table(capsys):
     ext.main(["--seeds", "2", "--steps", "3", "--eval-batch", "20"])
     out = capsys.readouterr().out
-    assert "2 seeds" in out and "YaRN" in out and "[95% CI]" in out
+    assert "2 runs" in out and "YaRN" in out and "[95% CI]" in out

@@ -122,6 +122,7 @@ def test_rotary_embedding_module_uses_the_scaling():
     "scaling, error, match",
     [
         ({"rope_type": "longrope", "factor": 2.0}, ValueError, "rope_type must be one of"),
+        ({"rope_type": "dynamic", "factor": 2.0}, ValueError, "running sequence length"),
         ({"rope_type": "llama3", "factor": 8.0}, ValueError, "missing keys"),
         ({"rope_type": "linear", "factor": 2.0, "beta_fast": 3}, ValueError, "unknown keys"),
         ({"rope_type": "linear", "factor": 0.5}, ValueError, "factor must be >= 1"),
@@ -134,6 +135,21 @@ def test_bad_scaling_is_named(scaling, error, match):
         P.rope_frequencies(64, 10000.0, scaling=scaling)
     with pytest.raises(error, match=match):
         P.RotaryEmbedding(64, scaling=scaling)
+
+
+def test_ntk_aware_theta_is_dynamic_ntk_at_the_stretched_length():
+    """The hint in the 'dynamic' error is right: transformers' dynamic NTK at seq_len = s · trained
+    length gives the frequencies of plain RoPE with theta · (factor·s − factor + 1)^(d/(d-2))."""
+    config = transformers.LlamaConfig(
+        hidden_size=256,
+        num_attention_heads=4,
+        head_dim=64,
+        max_position_embeddings=512,
+        rope_parameters={"rope_type": "dynamic", "factor": 4.0, "rope_theta": 10000.0},
+    )
+    hf, _ = ROPE_INIT_FUNCTIONS["dynamic"](config, seq_len=3 * 512)  # s = 3
+    ours = P.rope_frequencies(64, 10000.0 * (4.0 * 3 - 4.0 + 1) ** (64 / 62))
+    assert ((ours.double() - hf.double()).abs() / hf.double()).max() < 1e-5
 
 
 def test_default_and_rope_theta_in_the_dict_are_plain_rope():

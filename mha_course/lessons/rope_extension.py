@@ -20,7 +20,8 @@ length) and with YaRN (factor the same, original context = the training length),
 fine-tuning; the ALiBi model is trained with ALiBi. Training runs in float64 with one thread
 (see :mod:`.tiny_training`): the printed accuracies are then the same on every CPU.
 
-``python -m mha_course.lessons.rope_extension`` runs the full sweep (more seeds, longer training).
+``python -m mha_course.lessons.rope_extension`` runs the full sweep (more training runs, longer
+training).
 """
 
 from __future__ import annotations
@@ -150,8 +151,8 @@ def accuracy(model: RetrievalModel, s: Setup, length: int, scaling=None, *, seed
 
 
 def run(s: Setup = Setup(), *, progress: bool = True) -> dict:
-    """Train one RoPE and one ALiBi model per seed; evaluate every method at every length.
-    Returns {(method, factor): [accuracy per seed]}."""
+    """Train one RoPE and one ALiBi model per seed (one training run each); evaluate every
+    method at every length. Returns {(method, factor): [accuracy per run]}."""
     results = {(m, f): [] for m in METHODS for f in s.eval_factors}
     bar = tqdm(total=2 * s.steps * len(s.seeds), desc="training", disable=not progress)
     for seed in s.seeds:
@@ -166,7 +167,7 @@ def run(s: Setup = Setup(), *, progress: bool = True) -> dict:
 
 
 def interval(values) -> tuple[float, float, float]:
-    """Mean and the 95% Student-t interval of the mean over seeds, clipped to [0, 1]."""
+    """Mean and the 95% Student-t interval of the mean over training runs, clipped to [0, 1]."""
     x = torch.tensor(values, dtype=torch.float64)
     mean = x.mean().item()
     if len(x) < 2:
@@ -190,13 +191,13 @@ def table(results: dict, s: Setup) -> str:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description="Retrieval accuracy beyond the training length, per method.")
-    parser.add_argument("--seeds", type=int, default=10, help="models per scheme (default 10)")
+    parser.add_argument("--seeds", type=int, default=10, help="training runs per scheme (default 10)")
     parser.add_argument("--steps", type=int, default=400, help="training steps per model (default 400)")
     parser.add_argument("--eval-batch", type=int, default=2000, help="test sequences per length (default 2000)")
     args = parser.parse_args(argv)
     s = Setup(steps=args.steps, seeds=tuple(range(args.seeds)), eval_batch=args.eval_batch)
     results = run(s)
-    print(f"trained at L = {s.train_length}, {args.steps} steps, {args.seeds} seeds; accuracy, mean [95% CI]")
+    print(f"trained at L = {s.train_length}, {args.steps} steps, {args.seeds} runs; accuracy, mean [95% CI]")
     print(table(results, s))
 
 

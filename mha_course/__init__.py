@@ -23,7 +23,8 @@ The package has three layers, one folder each (``ls`` shows them):
                 PagedKVCache (blocks and a block table), Int8KVCache
     accounting  count_attention_params, attention_flops, kv_cache_bytes
     configs     MODEL_CONFIGS (name -> ModelConfig; position scheme and RoPE base per model)
-    positions   apply_rope(x, positions, *, theta, layout), RotaryEmbedding, alibi_bias,
+    positions   apply_rope(x, positions, *, theta, layout, scaling), RotaryEmbedding, alibi_bias,
+                rope_frequencies(head_dim, theta, *, scaling) (context extension), rope_attention_factor,
                 sinusoidal_positions; both RoPE layouts and the W_Q/W_K permutation between them
     decoder     RMSNorm, SwiGLU, LlamaDecoder(DecoderConfig) (.from_hf), generate_greedy
     distributed Ranks / launch (gloo ranks on this machine), heads_of_rank, TensorParallelAttention,
@@ -62,7 +63,14 @@ from .kv_cache import KVCache
 from .latent import LatentCache, MultiHeadLatentAttention, mla_cache_bytes
 from .masks import causal_mask, padding_mask, sliding_window_mask
 from .multihead import LoopedMultiHeadAttention, MultiHeadAttention
-from .positions import RotaryEmbedding, alibi_bias, apply_rope, sinusoidal_positions
+from .positions import (
+    RotaryEmbedding,
+    alibi_bias,
+    apply_rope,
+    rope_attention_factor,
+    rope_frequencies,
+    sinusoidal_positions,
+)
 from .tiled import merge_partials
 
 __version__ = "0.1.0"
@@ -113,6 +121,8 @@ __all__ = [
     "attention_flops",
     "kv_cache_bytes",
     "apply_rope",
+    "rope_frequencies",
+    "rope_attention_factor",
     "RotaryEmbedding",
     "alibi_bias",
     "sinusoidal_positions",

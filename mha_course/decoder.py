@@ -62,13 +62,16 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # (..., d_ff) -> (..., d_model)
+        hidden = F.silu(self.gate_proj(x)) * self.up_proj(x)  # (..., d_ff)
+        return self.down_proj(hidden)  # (..., d_model)
 
 
 @dataclass(frozen=True)
 class DecoderConfig:
     """The shape of a Llama-architecture decoder (field names: the course's; ``from_hf`` reads
-    a ``transformers`` LlamaConfig)."""
+    a ``transformers`` LlamaConfig). ``rope_scaling``: None for plain RoPE, or a context-extension
+    dict as transformers writes it (e.g. Llama 3.1's ``{"rope_type": "llama3", "factor": 8.0, ...}``;
+    see :func:`mha_course.positions.rope_frequencies`)."""
 
     vocab_size: int
     d_model: int
@@ -82,16 +85,16 @@ class DecoderConfig:
     tie_embeddings: bool = False
     attention_bias: bool = False
     mlp_bias: bool = False
+    rope_scaling: dict | None = None
 
     @classmethod
     def from_hf(cls, config) -> DecoderConfig:
         """From a ``transformers`` LlamaConfig (v4: ``rope_theta``; v5: ``rope_parameters``)."""
-        rope = getattr(config, "rope_parameters", None) or {}
-        scaling = getattr(config, "rope_scaling", None) or {}  # transformers v4's name for it
-        kind = rope.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
-        if kind != "default":
-            raise ValueError(f"only plain RoPE is supported, the config asks for {kind!r} scaling")
-        theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        rope = dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
+        theta = float(rope.pop("rope_theta", getattr(config, "rope_theta", None) or 10000.0))
+        kind = rope.get("rope_type", rope.get("type", "default"))
+        scaling = None if kind == "default" else rope
+        RotaryEmbedding(2, theta, scaling=scaling)  # a clear error now for an unsupported rope_type
         return cls(
             vocab_size=config.vocab_size,
             d_model=config.hidden_size,
@@ -100,11 +103,12 @@ class DecoderConfig:
             num_kv_heads=config.num_key_value_heads,
             d_ff=config.intermediate_size,
             head_dim=getattr(config, "head_dim", None),
-            rope_theta=float(theta),
+            rope_theta=theta,
             rms_norm_eps=config.rms_norm_eps,
             tie_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
             attention_bias=bool(getattr(config, "attention_bias", False)),
             mlp_bias=bool(getattr(config, "mlp_bias", False)),
+            rope_scaling=scaling,
         )
 
 
@@ -121,10 +125,15 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.d_model, c.rms_norm_eps)
         self.mlp = SwiGLU(c.d_model, c.d_ff, bias=c.mlp_bias)
 
-    def forward(self, x: torch.Tensor, rope: RotaryEmbedding, cache: KVCache | None = None) -> torch.Tensor:
-        attn, _ = self.self_attn(
-            self.input_layernorm(x), cache=cache, is_causal=True, need_weights=False, rope=rope
-        )  # (B, L, d_model)
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: RotaryEmbedding,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        h = self.input_layernorm(x)  # (B, L, d_model)
+        causal = {"is_causal": True, "need_weights": False}  # causal mask, no weights
+        attn, _ = self.self_attn(h, cache=cache, rope=rope, **causal)  # (B, L, d_model)
         x = x + attn
         return x + self.mlp(self.post_attention_layernorm(x))  # (B, L, d_model)
 
@@ -147,7 +156,7 @@ class LlamaDecoder(nn.Module):
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         if c.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight  # one matrix: embedding and output
-        self.rope = RotaryEmbedding(self.layers[0].self_attn.head_dim, c.rope_theta)
+        self.rope = RotaryEmbedding(self.layers[0].self_attn.head_dim, c.rope_theta, scaling=c.rope_scaling)
 
     def new_caches(self) -> list[KVCache]:
         """One empty KV cache per layer."""

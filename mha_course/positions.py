@@ -105,14 +105,125 @@ def _check_head_dim(head_dim) -> int:
     return head_dim
 
 
-def rope_frequencies(head_dim: int, theta: float = 10000.0, *, device=None) -> torch.Tensor:
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+_SCALING_KEYS = {  # rope_type -> (required keys, optional keys), as in transformers' rope_parameters
+    "default": (set(), set()),
+    "linear": ({"factor"}, set()),
+    "llama3": ({"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}, set()),
+    "yarn": (
+        {"factor", "original_max_position_embeddings"},
+        {"attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"},
+    ),
+}
+
+
+def _scaling_params(scaling, theta: float) -> tuple[str, dict]:
+    """Validate a transformers ``rope_scaling`` / ``rope_parameters`` dict; return (rope_type, dict)."""
+    if scaling is None:
+        return "default", {}
+    if not isinstance(scaling, dict):
+        raise TypeError(f"scaling must be a dict like transformers' rope_scaling, got {type(scaling).__name__}")
+    kind = scaling.get("rope_type", scaling.get("type", "default"))  # "type": transformers v4's old key
+    if kind == "dynamic":
+        raise ValueError(
+            "scaling rope_type 'dynamic' changes θ with the running sequence length, so it has no fixed "
+            "frequencies: at s times max_position_embeddings it is plain RoPE with "
+            "theta · (factor·s − factor + 1)^(d/(d−2)) (NTK-aware scaling: factor = 1)"
+        )
+    if kind not in _SCALING_KEYS:
+        raise ValueError(f"scaling rope_type must be one of {ROPE_TYPES}, got {kind!r}")
+    required, optional = _SCALING_KEYS[kind]
+    missing = sorted(required - set(scaling))
+    unknown = sorted(set(scaling) - required - optional - {"rope_type", "type", "rope_theta"})
+    if missing or unknown:
+        raise ValueError(f"scaling for rope_type {kind!r}: missing keys {missing}, unknown keys {unknown}")
+    if "rope_theta" in scaling and float(scaling["rope_theta"]) != float(theta):
+        raise ValueError(f"scaling has rope_theta={scaling['rope_theta']} but theta={theta}: pass the same value")
+    if "factor" in scaling and not float(scaling["factor"]) >= 1.0:
+        raise ValueError(f"scaling factor must be >= 1 (the context grows by it), got {scaling['factor']}")
+    return kind, scaling
+
+
+def _llama3(freqs: torch.Tensor, p: dict) -> torch.Tensor:
+    """Llama 3.1: pairs slower than the trained context divided by ``factor``, fast ones kept,
+    a linear blend (in 1/wavelength) in between. freqs (d/2,) -> (d/2,)."""
+    factor, low, high = float(p["factor"]), float(p["low_freq_factor"]), float(p["high_freq_factor"])
+    old_len = float(p["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / freqs  # (d/2,) positions per turn
+    smooth = ((old_len / wavelen - low) / (high - low)).clamp(0, 1)  # 0: slow (interpolate), 1: fast (keep)
+    return (1 - smooth) * freqs / factor + smooth * freqs
+
+
+def _yarn(freqs: torch.Tensor, theta: float, head_dim: int, p: dict) -> torch.Tensor:
+    """YaRN (Peng et al. 2023, "NTK-by-parts"): pairs that turn more than beta_fast times within
+    the trained context keep their speed, pairs turning less than beta_slow times are divided by
+    ``factor``, a linear ramp over the pair index in between. freqs (d/2,) -> (d/2,)."""
+    factor, old_len = float(p["factor"]), float(p["original_max_position_embeddings"])
+    beta_fast, beta_slow = p.get("beta_fast") or 32, p.get("beta_slow") or 1
+
+    def pair_index(turns):  # the (fractional) pair i that turns `turns` times in old_len positions
+        return head_dim * math.log(old_len / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = pair_index(beta_fast), pair_index(beta_slow)
+    if p.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    high = high + 0.001 if low == high else high
+    ramp = ((torch.arange(head_dim // 2, dtype=freqs.dtype) - low) / (high - low)).clamp(0, 1)  # (d/2,)
+    keep = 1 - ramp  # (d/2,) 1: the pair keeps its speed, 0: it is divided by factor
+    slow = 1.0 / (factor / freqs)  # (d/2,) ω_i / factor, rounded as transformers rounds it
+    return slow * (1 - keep) + freqs * keep
+
+
+def rope_frequencies(head_dim: int, theta: float = 10000.0, *, scaling=None, device=None) -> torch.Tensor:
     """The rotation speed of each pair, (head_dim / 2,) float32: ω_i = theta^(-2i / head_dim),
-    from 1 radian per position (i = 0) down to nearly theta^(-1)."""
+    from 1 radian per position (i = 0) down to theta^(-(head_dim-2)/head_dim).
+
+    ``scaling``: a ``transformers`` ``rope_scaling`` / ``rope_parameters`` dict that stretches a
+    model's context after training (keys and defaults as in transformers; ``rope_theta`` may be in
+    it if it equals ``theta``):
+
+    * ``{"rope_type": "linear", "factor": s}``: position interpolation (Chen et al. 2023), ω_i / s;
+    * ``{"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
+      "original_max_position_embeddings"}``: Llama 3.1's scaling by wavelength;
+    * ``{"rope_type": "yarn", "factor", "original_max_position_embeddings", ...}``: YaRN's
+      frequencies (its attention factor: :func:`rope_attention_factor`).
+
+    Equal to ``transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope_type]``'s inverse
+    frequencies. (NTK-aware scaling is plain RoPE with theta · s^(d/(d-2)).)
+    """
     _check_head_dim(head_dim)
     if not theta > 0:
         raise ValueError(f"theta must be positive, got {theta}")
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim  # (head_dim/2,)
-    return 1.0 / (theta**exponents)
+    kind, params = _scaling_params(scaling, theta)
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim  # (head_dim/2,)
+    freqs = 1.0 / (theta**exponents)  # (head_dim/2,) ω_i, float32 as in Llama's code
+    if kind == "linear":
+        freqs = freqs / float(params["factor"])
+    elif kind == "llama3":
+        freqs = _llama3(freqs, params)
+    elif kind == "yarn":
+        freqs = _yarn(freqs, theta, head_dim, params)
+    return freqs.to(device)
+
+
+def rope_attention_factor(scaling=None) -> float:
+    """The factor cos and sin are multiplied by (so each q·k by its square): YaRN's
+    ``attention_factor`` if given, else 0.1 · ln(factor) + 1 (or its mscale / mscale_all_dim
+    variant, DeepSeek's); 1.0 for every other rope_type. As ``transformers``' attention_scaling."""
+    kind, p = _scaling_params(scaling, float((scaling or {}).get("rope_theta", 10000.0)))
+    if kind != "yarn":
+        return 1.0
+    if p.get("attention_factor") is not None:
+        return float(p["attention_factor"])
+
+    def mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    factor = float(p["factor"])
+    if p.get("mscale") and p.get("mscale_all_dim"):
+        return float(mscale(factor, p["mscale"]) / mscale(factor, p["mscale_all_dim"]))
+    return float(mscale(factor))
 
 
 def _positions(positions) -> torch.Tensor:
@@ -123,26 +234,31 @@ def _positions(positions) -> torch.Tensor:
     return positions
 
 
-def rope_cos_sin(positions, head_dim: int, theta: float = 10000.0, *, layout: str = "half", dtype=torch.float32):
+def rope_cos_sin(
+    positions, head_dim: int, theta: float = 10000.0, *, layout: str = "half", dtype=torch.float32, scaling=None
+):
     """cos and sin of every coordinate's angle, each (L, head_dim) in ``dtype``.
 
-    positions: (L,) integers. The angle of pair i at position p is p · ω_i (in float32); the
-    "half" layout repeats the head_dim/2 angles as [a_0 … a_{d/2-1}, a_0 … a_{d/2-1}], the
-    "interleaved" layout as [a_0, a_0, a_1, a_1, …].
+    positions: (L,) integers. The angle of pair i at position p is p · ω_i (in float32, ω_i from
+    :func:`rope_frequencies` with ``scaling``); the "half" layout repeats the head_dim/2 angles as
+    [a_0 … a_{d/2-1}, a_0 … a_{d/2-1}], the "interleaved" layout as [a_0, a_0, a_1, a_1, …].
+    Both are multiplied by :func:`rope_attention_factor` (YaRN's; 1 otherwise), as in transformers.
     """
     _check_layout(layout)
     positions = _positions(positions)
-    angles = positions[:, None].float() * rope_frequencies(head_dim, theta, device=positions.device)  # (L, d/2)
+    freqs = rope_frequencies(head_dim, theta, scaling=scaling, device=positions.device)  # (d/2,)
+    angles = positions[:, None].float() * freqs  # (L, d/2)
     if layout == "half":
         angles = torch.cat([angles, angles], dim=-1)  # (L, head_dim)
     else:
         angles = angles.repeat_interleave(2, dim=-1)  # (L, head_dim)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    factor = rope_attention_factor(scaling)
+    return (angles.cos() * factor).to(dtype), (angles.sin() * factor).to(dtype)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """(x1, x2) -> (-x2, x1) on the two halves of the last dim: the 90° turn of every pair
-    (i, i + d/2) in the "half" layout."""
+    """(x1, x2) -> (-x2, x1) on the two halves of the last dim: the 90° turn of
+    every pair (i, i + d/2) in the "half" layout."""
     x1, x2 = x.chunk(2, dim=-1)  # (..., d/2) each
     return torch.cat([-x2, x1], dim=-1)  # (..., d)
 
@@ -153,15 +269,24 @@ def rotate_pairs(x: torch.Tensor) -> torch.Tensor:
     return torch.stack([-pairs[..., 1], pairs[..., 0]], dim=-1).flatten(-2)  # (..., d)
 
 
-def apply_rotation(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layout: str = "half") -> torch.Tensor:
-    """Rotate every pair of x by the angles whose cos and sin are given (from :func:`rope_cos_sin`):
-    x · cos + turn90(x) · sin. x (..., L, head_dim); cos, sin broadcastable to x."""
+def apply_rotation(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    layout: str = "half",
+) -> torch.Tensor:
+    """Rotate every pair of x by the angles whose cos and sin are given (from
+    :func:`rope_cos_sin`): x · cos + turn90(x) · sin. x (..., L, head_dim); cos, sin
+    broadcastable to x."""
     _check_layout(layout)
     turn = rotate_half if layout == "half" else rotate_pairs
     return x * cos + turn(x) * sin
 
 
-def apply_rope(x: torch.Tensor, positions, *, theta: float = 10000.0, layout: str = "half") -> torch.Tensor:
+def apply_rope(
+    x: torch.Tensor, positions, *, theta: float = 10000.0, layout: str = "half", scaling=None
+) -> torch.Tensor:
     """Rotary position embedding of queries or keys.
 
     x: (..., L, head_dim), e.g. (B, h, L, head_dim); positions: (L,) integer positions of the L
@@ -169,6 +294,7 @@ def apply_rope(x: torch.Tensor, positions, *, theta: float = 10000.0, layout: st
     Returns x with pair i of the row at position p turned by p · theta^(-2i/head_dim), same shape
     and dtype. Apply it to q and k, never to v. Equal to ``transformers``' ``apply_rotary_pos_emb``
     with layout="half"; to multiplying by e^{i·p·ω} in the complex view with layout="interleaved".
+    ``scaling``: a context-extension dict (see :func:`rope_frequencies`).
     """
     _validate.tensor("x", x, floating=True)
     if x.dim() < 2:
@@ -176,28 +302,33 @@ def apply_rope(x: torch.Tensor, positions, *, theta: float = 10000.0, layout: st
     positions = _positions(positions)
     if positions.shape[0] != x.shape[-2]:
         raise ValueError(f"positions has {positions.shape[0]} entries but x has L={x.shape[-2]} rows")
-    cos, sin = rope_cos_sin(positions.to(x.device), x.shape[-1], theta, layout=layout, dtype=x.dtype)  # (L, hd)
+    cos, sin = rope_cos_sin(
+        positions.to(x.device), x.shape[-1], theta, layout=layout, dtype=x.dtype, scaling=scaling
+    )  # (L, head_dim) each
     return apply_rotation(x, cos, sin, layout=layout)
 
 
 class RotaryEmbedding(nn.Module):
     """RoPE for one attention layer: ``rope(x, start)`` rotates x (B, h, L, head_dim) as
     positions start, start+1, …, start+L-1 (start = the number of positions already cached).
-    Holds no parameters; pass it to ``GroupedQueryAttention.forward(..., rope=rope)``."""
+    Holds no parameters; pass it to ``GroupedQueryAttention.forward(..., rope=rope)``.
+    ``scaling``: a context-extension dict (transformers' rope_scaling, see :func:`rope_frequencies`)."""
 
-    def __init__(self, head_dim: int, theta: float = 10000.0, *, layout: str = "half"):
+    def __init__(self, head_dim: int, theta: float = 10000.0, *, layout: str = "half", scaling=None):
         super().__init__()
         _check_layout(layout)
         self.head_dim, self.theta, self.layout = _check_head_dim(head_dim), float(theta), layout
-        rope_frequencies(head_dim, theta)  # validates theta
+        self.scaling = None if scaling is None else dict(scaling)
+        rope_frequencies(head_dim, theta, scaling=scaling)  # validates theta and scaling
 
     def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
         _validate.positive_int("start", start, allow_zero=True)
         positions = torch.arange(start, start + x.shape[-2], device=x.device)  # (L,)
-        return apply_rope(x, positions, theta=self.theta, layout=self.layout)
+        return apply_rope(x, positions, theta=self.theta, layout=self.layout, scaling=self.scaling)
 
     def extra_repr(self) -> str:
-        return f"head_dim={self.head_dim}, theta={self.theta:g}, layout={self.layout!r}"
+        kind = (self.scaling or {}).get("rope_type", "default")
+        return f"head_dim={self.head_dim}, theta={self.theta:g}, layout={self.layout!r}, scaling={kind!r}"
 
 
 def interleaved_to_half(head_dim: int) -> torch.Tensor:

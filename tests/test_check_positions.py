@@ -184,3 +184,101 @@ def test_not_attempted_and_exceptions_never_raise():
         assert check(todo).status == "not attempted"
         assert check(lambda *a: 1 / 0).status == "failed"
         assert check(lambda *a: None).status == "failed"
+
+
+# ---------------------------------------------------------------------------------------------
+# learners' Llama 3.1 frequency scaling, several styles
+
+
+def llama3_where(freqs, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings):
+    """transformers' style: three bands with torch.where."""
+    import math
+
+    low_wl = original_max_position_embeddings / low_freq_factor
+    high_wl = original_max_position_embeddings / high_freq_factor
+    wavelen = 2 * math.pi / freqs
+    out = torch.where(wavelen > low_wl, freqs / factor, freqs)
+    smooth = (original_max_position_embeddings / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    mid = (wavelen >= high_wl) & (wavelen <= low_wl)
+    return torch.where(mid, (1 - smooth) * freqs / factor + smooth * freqs, out)
+
+
+def llama3_loop(freqs, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings):
+    """Meta's llama-models style: one frequency at a time, a list back to a tensor."""
+    import math
+
+    new = []
+    for f in freqs.tolist():
+        wavelen = 2 * math.pi / f
+        if wavelen < original_max_position_embeddings / high_freq_factor:
+            new.append(f)
+        elif wavelen > original_max_position_embeddings / low_freq_factor:
+            new.append(f / factor)
+        else:
+            s = (original_max_position_embeddings / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            new.append((1 - s) * f / factor + s * f)
+    return torch.tensor(new, dtype=freqs.dtype)
+
+
+def llama3_via_transformers(freqs, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings):
+    """Ask transformers itself (float32 inside, so only close: within the checker's tolerance)."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    d = 2 * len(freqs)
+    theta = float(1.0 / freqs[-1]) ** (d / (d - 2))  # recover θ from the slowest pair
+    config = LlamaConfig(
+        hidden_size=d,
+        num_attention_heads=1,
+        head_dim=d,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": theta,
+            "factor": factor,
+            "low_freq_factor": low_freq_factor,
+            "high_freq_factor": high_freq_factor,
+            "original_max_position_embeddings": original_max_position_embeddings,
+        },
+    )
+    return ROPE_INIT_FUNCTIONS["llama3"](config)[0].to(freqs.dtype)
+
+
+@pytest.mark.parametrize("fn", [llama3_where, llama3_loop, llama3_via_transformers])
+def test_llama3_frequencies_correct_variants_pass(fn):
+    assert_passes(mc.check.llama3_frequencies(fn))
+
+
+def _wavelen_blend(freqs, factor, lo, hi, old):  # linear in the wavelength instead of its inverse
+    import math
+
+    wl = 2 * math.pi / freqs
+    w = ((old / lo - wl) / (old / lo - old / hi)).clamp(0, 1)
+    return w * freqs + (1 - w) * freqs / factor
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (lambda f, s, lo, hi, n: f / s, ["plain position interpolation"]),
+        (lambda f, s, lo, hi, n: llama3_where(f, 1 / s, lo, hi, n), ["multiplied"]),
+        (
+            lambda f, s, lo, hi, n: llama3_where(f * 2 * 3.141592653589793, s, lo, hi, n) / (2 * 3.141592653589793),
+            ["2π"],
+        ),
+        (lambda f, s, lo, hi, n: llama3_loop(f, s, hi, lo, n), ["swapped"]),
+        (_wavelen_blend, ["linear in 1/wavelength"]),
+        (lambda f, s, lo, hi, n: f, ["unchanged"]),
+    ],
+)
+def test_llama3_frequencies_mistakes_are_named(wrong, words):
+    assert_fails(mc.check.llama3_frequencies(wrong), *words)
+
+
+def test_llama3_frequencies_not_attempted_and_never_raises():
+    def todo(*args):
+        raise NotImplementedError
+
+    assert mc.check.llama3_frequencies(todo).status == "not attempted"
+    result = mc.check.llama3_frequencies(lambda *a: 1 / 0)
+    assert not result.passed and "ZeroDivisionError" in result.message
+    assert not mc.check.llama3_frequencies(lambda *a: torch.zeros(3)).passed

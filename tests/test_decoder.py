@@ -3,6 +3,7 @@ and weights, same logits, same greedy tokens; its parts against torch's own modu
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -144,9 +145,11 @@ def test_config_from_a_v4_style_config():
         rope_scaling=None,
     )
     assert DecoderConfig.from_hf(v4).rope_theta == 500000.0 and DecoderConfig.from_hf(v4).head_dim is None
-    v4.rope_scaling = {"rope_type": "llama3", "factor": 8.0}
-    with pytest.raises(ValueError, match="'llama3' scaling"):
+    v4.rope_scaling = {"rope_type": "llama3", "factor": 8.0}  # incomplete: three keys missing
+    with pytest.raises(ValueError, match="missing keys"):
         DecoderConfig.from_hf(v4)
+    v4.rope_scaling = {"type": "linear", "factor": 2.0}  # v4's older spelling of rope_type
+    assert DecoderConfig.from_hf(v4).rope_scaling == {"type": "linear", "factor": 2.0}
 
 
 def test_bad_input_ids():
@@ -155,7 +158,54 @@ def test_bad_input_ids():
         ours(torch.randn(1, 3))
     with pytest.raises(ValueError, match="one KVCache per layer"):
         ours(torch.zeros(1, 3, dtype=torch.long), caches=[])
-    with pytest.raises(ValueError, match="plain RoPE"):
+    with pytest.raises(ValueError, match="rope_type must be one of"):
         DecoderConfig.from_hf(
-            transformers.LlamaConfig(rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0})
+            transformers.LlamaConfig(
+                rope_parameters={
+                    "rope_type": "longrope",
+                    "rope_theta": 1e4,
+                    "short_factor": [1.0],
+                    "long_factor": [1.0],
+                }
+            )
         )
+
+
+LLAMA31_SMALL = {  # Llama 3.1's rule and ratios, the trained context shrunk to 16 positions
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}
+YARN_SMALL = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+
+
+@pytest.mark.parametrize("scaling", [LLAMA31_SMALL, YARN_SMALL, {"rope_type": "linear", "factor": 3.0}])
+def test_scaled_rope_decoder_equals_llama_for_causal_lm(scaling):
+    """Llama 3.1's scaling (and YaRN's, with its attention factor; and interpolation), 40 tokens
+    past a 16-token "trained" context: logits and the cached greedy tokens equal transformers'."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=int(16 * scaling["factor"]),
+        rope_parameters={**scaling, "rope_theta": 500.0},
+        initializer_range=0.2,
+    )
+    hf = transformers.LlamaForCausalLM(config).eval().double()
+    ours = LlamaDecoder.from_hf(hf)
+    assert ours.config.rope_scaling["rope_type"] == scaling["rope_type"] and ours.config.rope_theta == 500.0
+    ids = torch.randint(0, 97, (2, 40))
+    with torch.no_grad():
+        assert (ours(ids) - hf(ids).logits).abs().max() < 1e-10
+        plain = LlamaDecoder(replace(ours.config, rope_scaling=None)).double()
+        plain.load_state_dict(ours.state_dict())
+        assert (plain(ids) - hf(ids).logits).abs().max() > 1e-3  # the scaling matters here
+    prompt = ids[:, :6]
+    theirs = hf.generate(prompt, max_new_tokens=30, do_sample=False, use_cache=True, pad_token_id=0)
+    assert torch.equal(generate_greedy(ours, prompt, 30), theirs)

@@ -36,6 +36,17 @@ def test_shift_and_order_experiments(scheme, shift_invariant, tells_order):
     assert (lab.order_change(head, A, B, "dog") > 1e-3) == tells_order
 
 
+def test_alibi_without_its_causal_mask_cannot_tell_a_sentence_from_its_reversal():
+    """The symmetric -m·|i - j| keeps every distance under reversal; the causal ALiBi of Press et al.
+    (and RoPE, whose q·k depends on the signed offset) tell the mirror image apart."""
+    assert lab.reversal_change(lab.OneHead("ALiBi", causal=False), A) < 1e-12
+    assert lab.reversal_change(lab.OneHead("ALiBi"), A) > 0.1 and lab.OneHead("ALiBi").causal
+    assert lab.reversal_change(lab.OneHead("RoPE"), A) > 0.1
+    assert lab.reversal_change(lab.OneHead("none"), A) < 1e-12
+    # a causal mask alone already tells order (no position scheme at all: "NoPE")
+    assert lab.order_change(lab.OneHead("none", causal=True), A, B, "dog") > 0.1
+
+
 def test_without_positions_the_head_is_exactly_permutation_equivariant():
     head = lab.OneHead("none")
     perm = [0, 4, 2, 3, 1]
@@ -49,7 +60,12 @@ def test_rope_decode_equals_the_layer_and_the_bugs_break_it():
     full, _ = layer(x, is_causal=True, rope=mc.RotaryEmbedding(8))
     out, cache = lab.rope_decode(layer, x, 4)
     assert (out - full).abs().max() < 1e-12 and cache.length == 10
-    for bug in [b for b in lab.BUGS if b]:
+    late, late_cache = lab.rope_decode(layer, x, 4, bug="one late")
+    assert (late - full).abs().max() < 1e-5  # every position one late: the same offsets (float32 angles)
+    reference_keys = mc.apply_rope(layer.k_proj(x).unflatten(-1, (2, 8)).transpose(1, 2), torch.arange(10))
+    assert (cache.keys - reference_keys).abs().max() < 1e-12
+    assert (late_cache.keys - reference_keys).abs().max() > 1e-2  # ... but not the keys a full pass caches
+    for bug in [b for b in lab.BUGS if b and b != "one late"]:
         broken, _ = lab.rope_decode(layer, x, 4, bug=bug)
         assert (broken - full).abs().max() > 1e-3, bug
         assert (broken[:, :1] - full[:, :1]).abs().max() < 1e-12 or bug in ("unrotated keys", "rotated values")
@@ -103,6 +119,17 @@ def test_load_llama_checkpoint_calls_the_hub_as_documented(monkeypatch):
     assert text == " ".join(str(i) for i in expected[0].tolist())
 
 
+def test_mean_scores_decay_only_when_q_equals_k():
+    """Independent random q, k: the mean score is 0 at every distance (each term's mean is 0);
+    q = k: it follows the expected curve Σ 2·cos(distance·ω_i) / head_dim."""
+    d = [0, 1, 10, 100, 1000]
+    independent = lab.mean_scores(64, 10000.0, d, same=False, samples=4000)
+    assert independent.abs().max() < 0.01
+    same = lab.mean_scores(64, 10000.0, d, same=True, samples=4000)
+    expected = lab.relative_scores(64, 10000.0, 1000)[d]
+    assert (same - expected).abs().max() < 0.03 and same[-1] < 0.4 < same[0] - 0.5
+
+
 def test_relative_scores_decay_and_pair_terms():
     s = lab.relative_scores(64, 10000.0, 200)
     assert s[0] == pytest.approx(1.0) and s[1:].max() < 1.0 and s[150:].mean() < s[:20].mean()
@@ -119,6 +146,16 @@ def test_draw_rope_shows_the_chosen_pair_and_offset():
     plt.close(fig)
     with pytest.raises(ValueError, match="pair must be in"):
         lab.draw_rope(pair=8, head_dim=16)
+
+
+def test_the_theta_slider_changes_the_curves():
+    """The explorer's θ control: a larger base keeps the q = k score high for longer."""
+    small, large = (lab.draw_rope(pair=1, offset=5, head_dim=16, theta=t) for t in (100.0, 1e6))
+    q_k_small, q_k_large = (f.axes[1].lines[0].get_ydata() for f in (small, large))
+    assert q_k_large[200:].mean() > q_k_small[200:].mean() + 0.2
+    assert "θ = 1,000,000" in large.axes[1].get_title()
+    plt.close(small)
+    plt.close(large)
 
 
 def test_draw_experiments():

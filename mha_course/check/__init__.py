@@ -29,7 +29,7 @@ from .kv_cache import write_kv
 from .leakage import leaks_future
 from .masks import causal_mask, padding_mask
 from .per_head import multi_head_attention_per_head
-from .positions import apply_rope, rope_step
+from .positions import apply_rope, llama3_frequencies, rope_step
 from .pretrained import previous_token_score
 from .specialize import ablate_heads
 from .split_merge import attend_in_heads
@@ -67,6 +67,7 @@ CHECKERS = {
         attention_entropy,
         apply_rope,
         rope_step,
+        llama3_frequencies,
         mla_cache_bytes,
         sink_window_update,
         sink_softmax,

@@ -7,7 +7,7 @@ import torch
 from .. import positions as _P
 from .framework import Case, CheckResult, mistakes, run_check, tensor_generator
 
-__all__ = ["apply_rope", "rope_step"]
+__all__ = ["apply_rope", "llama3_frequencies", "rope_step"]
 
 
 def _rope(x, positions, theta, *, layout="half", exponent=2.0, sign=1.0):
@@ -118,4 +118,71 @@ def rope_step(fn) -> CheckResult:
         arg_names=("q", "k", "v", "cache_length", "theta"),
         output_names=("q", "k", "v"),
         atol=3e-4,
+    )
+
+
+def _llama3(freqs, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings):
+    params = {
+        "factor": factor,
+        "low_freq_factor": low_freq_factor,
+        "high_freq_factor": high_freq_factor,
+        "original_max_position_embeddings": original_max_position_embeddings,
+    }
+    return _P._llama3(freqs, params)
+
+
+def _llama3_variant(freqs, factor, low, high, old_len, *, two_pi=True, slow=None, blend="inverse", reverse=False):
+    """Llama 3.1's rule with knobs for the usual slips (blend linear in 1/wavelength or in wavelength)."""
+    wavelen = (2 * torch.pi if two_pi else 1.0) / freqs  # (d/2,)
+    long_wl, short_wl = old_len / low, old_len / high  # the bands' edges in positions per turn
+    if blend == "inverse":
+        keep = ((old_len / wavelen - low) / (high - low)).clamp(0, 1)  # 1: keep, 0: slow down
+    else:
+        keep = ((long_wl - wavelen) / (long_wl - short_wl)).clamp(0, 1)
+    keep = 1 - keep if reverse else keep
+    slowed = freqs / factor if slow is None else slow(freqs)
+    return keep * freqs + (1 - keep) * slowed
+
+
+LLAMA3_FREQUENCIES_MISTAKES = mistakes(
+    "llama3_frequencies",
+    {
+        "all divided": lambda f, s, lo, hi, n: f / s,
+        "multiplied": lambda f, s, lo, hi, n: _llama3_variant(f, s, lo, hi, n, slow=lambda x: x * s),
+        "no 2π": lambda f, s, lo, hi, n: _llama3_variant(f, s, lo, hi, n, two_pi=False),
+        "bands swapped": lambda f, s, lo, hi, n: torch.where(2 * torch.pi / f < n / lo, f, f / s),
+        "blend reversed": lambda f, s, lo, hi, n: _llama3_variant(f, s, lo, hi, n, reverse=True),
+        "blend in wavelength": lambda f, s, lo, hi, n: _llama3_variant(f, s, lo, hi, n, blend="wavelength"),
+        "unchanged": lambda f, s, lo, hi, n: f.clone(),
+    },
+)
+
+
+def llama3_frequencies(fn) -> CheckResult:
+    """Check ``fn(freqs, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)``:
+    RoPE's frequencies (head_dim/2,) rescaled by Llama 3.1's rule (pairs whose wavelength exceeds
+    original/low_freq_factor divided by factor, pairs shorter than original/high_freq_factor kept,
+    a blend linear in 1/wavelength between). As transformers' "llama3" rope init."""
+    cases = [
+        Case(
+            (_P.rope_frequencies(d, theta).double(), factor, low, high, old),
+            description=text,
+        )
+        for d, theta, factor, low, high, old, text in [
+            (128, 500000.0, 8.0, 1.0, 4.0, 8192, "Llama 3.1 8B: head_dim 128, θ = 500,000, factor 8, 1, 4, 8,192"),
+            (64, 10000.0, 4.0, 1.0, 4.0, 256, "head_dim 64, θ = 10,000, factor 4, 1, 4, trained on 256"),
+            (16, 100.0, 2.0, 1.0, 2.0, 32, "head_dim 16, θ = 100, factor 2, 1, 2, trained on 32"),
+            (128, 500000.0, 32.0, 1.0, 4.0, 8192, "Llama 3.2 1B: factor 32, 1, 4, 8,192"),
+        ]
+    ]
+    return run_check(
+        "llama3_frequencies",
+        fn,
+        cases,
+        _llama3,
+        LLAMA3_FREQUENCIES_MISTAKES,
+        arg_names=("freqs", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+        output_label="frequencies",
+        atol=0.0,
+        rtol=1e-5,
     )

@@ -23,14 +23,19 @@ VOCAB = {"the": 0, "dog": 1, "bit": 2, "man": 3, "a": 4, "cat": 5, "saw": 6, "bi
 class OneHead:
     """One attention head (d_model = head_dim = 16, random weights) that knows positions through
     one of :data:`SCHEMES`. ``weights(tokens, start)`` -> (L, L) attention weights of the tokens
-    placed at positions start, start+1, …; ``outputs(tokens, start)`` -> (L, 16). No causal mask:
-    without positions the head is then exactly permutation-equivariant."""
+    placed at positions start, start+1, …; ``outputs(tokens, start)`` -> (L, 16).
 
-    def __init__(self, scheme: str, *, d: int = 16, max_len: int = 128, seed: int = 0):
+    ``causal``: a causal mask (query i sees keys j <= i). Default: on for ALiBi, which Press et al.
+    (2022) define for causal language models (bias -m·(i - j) on the past, the future masked),
+    off for the others (without positions and without the mask the head is then exactly
+    permutation-equivariant). ALiBi with ``causal=False`` is the symmetric -m·|i - j|."""
+
+    def __init__(self, scheme: str, *, causal: bool | None = None, d: int = 16, max_len: int = 128, seed: int = 0):
         if scheme not in SCHEMES:
             raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
         g = torch.Generator().manual_seed(seed)
         self.scheme, self.d = scheme, d
+        self.causal = scheme == "ALiBi" if causal is None else bool(causal)
         self.embed = torch.randn(len(VOCAB), d, generator=g, dtype=torch.float64)  # (V, d)
         self.w_q, self.w_k, self.w_v = (torch.randn(d, d, generator=g, dtype=torch.float64) / d**0.5 for _ in range(3))
         self.table = torch.randn(max_len, d, generator=g, dtype=torch.float64)  # learned absolute positions
@@ -49,7 +54,9 @@ class OneHead:
             q, k = P.apply_rope(q, pos), P.apply_rope(k, pos)
         scores = q @ k.T / math.sqrt(self.d)  # (L, L)
         if self.scheme == "ALiBi":
-            scores = scores - self.slope * (pos[:, None] - pos[None, :]).abs()
+            scores = scores - self.slope * (pos[:, None] - pos[None, :]).abs()  # -m·(i - j) on the past
+        if self.causal:
+            scores = scores.masked_fill(pos[None, :] > pos[:, None], float("-inf"))
         return scores, v
 
     def weights(self, tokens, start: int = 0) -> torch.Tensor:
@@ -71,6 +78,13 @@ def order_change(head: OneHead, sentence_a, sentence_b, word: str) -> float:
     (largest coordinate difference of its output vector; 0 = the head cannot tell them apart)."""
     out_a, out_b = head.outputs(sentence_a), head.outputs(sentence_b)
     return (out_a[sentence_a.index(word)] - out_b[sentence_b.index(word)]).abs().max().item()
+
+
+def reversal_change(head: OneHead, sentence) -> float:
+    """Largest difference between the outputs of the sentence and of its reversal, word by word
+    (0 = the head cannot tell a sentence from its mirror image)."""
+    out, rev = head.outputs(sentence), head.outputs(sentence[::-1])
+    return (out - rev.flip(0)).abs().max().item()
 
 
 def draw_experiments(shift_curves: dict, order_gaps: dict, *, tol: float = 1e-9):
@@ -100,6 +114,7 @@ BUGS = {
     "position 0": "every new token rotated as position 0",
     "unrotated keys": "keys cached before rotation, never rotated",
     "rotated values": "V rotated as well",
+    "one late": "every position one late, the prompt's too",
 }
 
 
@@ -130,7 +145,7 @@ def rope_step(q, k, v, cache_length: int, *, theta: float = 10000.0, bug=None):
     """What one cached step feeds to attention and to the cache: q, k rotated at positions
     cache_length, cache_length + 1, …; v untouched (or one of the :data:`BUGS`)."""
     n = q.shape[-2]
-    first = 0 if bug == "position 0" else cache_length
+    first = {"position 0": 0, "one late": cache_length + 1}.get(bug, cache_length)
     pos = torch.arange(first, first + n)  # (n,)
     q = P.apply_rope(q, pos, theta=theta)
     if bug != "unrotated keys":
@@ -177,8 +192,9 @@ def complete(model, tokenizer, prompt: str, max_new_tokens: int = 20) -> str:
 
 def relative_scores(head_dim: int, theta: float, max_distance: int, *, pair: int | None = None) -> torch.Tensor:
     """RoPE's score q·k for q = k = a vector of ones, against the distance m - n = 0…max_distance
-    (the long-range decay of Su et al. 2021, §3.4.3), divided by head_dim so that 1 = no decay.
-    With ``pair``, only that pair's term cos((m - n) ω_pair)."""
+    (the long-range decay of Su et al. 2021, §3.4.3), divided by head_dim so that 1 = no decay;
+    also the expected score of q = k with random N(0, 1) coordinates. With ``pair``, only that
+    pair's term cos((m - n) ω_pair)."""
     dist = torch.arange(max_distance + 1, dtype=torch.float64)  # (D,)
     angles = dist[:, None] * P.rope_frequencies(head_dim, theta).double()  # (D, head_dim/2)
     if pair is not None:
@@ -186,11 +202,22 @@ def relative_scores(head_dim: int, theta: float, max_distance: int, *, pair: int
     return angles.cos().mean(dim=-1)  # (D,): Σ over pairs of 2·cos / head_dim
 
 
-def draw_rope(pair: int = 0, offset: int = 3, *, head_dim: int = 64, theta: float = 10000.0, max_distance: int = 256):
+def mean_scores(head_dim: int, theta: float, distances, *, same: bool, samples: int = 2000, seed: int = 0):
+    """Mean RoPE score q_m · k_n / head_dim over ``samples`` random N(0, 1) vectors, at each
+    distance m - n in ``distances``: k = q (``same``) or k drawn independently of q. (D,) float64."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(samples, head_dim, generator=g, dtype=torch.float64)  # (S, d)
+    k = q if same else torch.randn(samples, head_dim, generator=g, dtype=torch.float64)
+    distances = torch.as_tensor(distances)
+    q_rot = P.apply_rope(q[:, None, :].expand(-1, len(distances), -1), distances, theta=theta)  # (S, D, d)
+    return (q_rot * k[:, None, :]).sum(-1).mean(0) / head_dim  # (D,): key at n = 0
+
+
+def draw_rope(pair: int = 0, offset: int = 3, *, head_dim: int = 64, theta: float = 10000.0, max_distance: int = 1024):
     """The explorer's figure. Left: pair ``pair`` of a query at position ``offset`` and of a key at
     position 0, drawn in that pair's plane (the key unrotated, the query turned by offset · ω_pair).
-    Right: the score of two all-ones vectors against the distance (all pairs, and the chosen pair
-    alone), the chosen offset marked. Returns the Figure."""
+    Right: the score against the distance for q = k (all pairs, and the chosen pair alone) and the
+    mean over independent random q, k; the chosen offset marked. Returns the Figure."""
     freqs = P.rope_frequencies(head_dim, theta).double()
     if not 0 <= pair < head_dim // 2:
         raise ValueError(f"pair must be in 0..{head_dim // 2 - 1}, got {pair}")
@@ -215,7 +242,15 @@ def draw_rope(pair: int = 0, offset: int = 3, *, head_dim: int = 64, theta: floa
         title=f"pair {pair}: ω = {freqs[pair].item():.3g} rad/position, turned {math.degrees(angle) % 360:.0f}°",
     )
     dist = torch.arange(max_distance + 1)
-    ax2.plot(dist, relative_scores(head_dim, theta, max_distance), color="black", label="all pairs (q = k = ones)")
+    ax2.plot(dist, relative_scores(head_dim, theta, max_distance), color="black", label="q = k (expected score)")
+    grid = torch.unique(torch.logspace(0, math.log10(max_distance), 60).round().long())  # (≤ 60,)
+    ax2.plot(
+        grid,
+        mean_scores(head_dim, theta, grid, same=False, samples=500),
+        color="tab:green",
+        lw=1,
+        label="independent random q, k (mean of 500)",
+    )
     ax2.plot(
         dist,
         relative_scores(head_dim, theta, max_distance, pair=pair),
@@ -231,7 +266,7 @@ def draw_rope(pair: int = 0, offset: int = 3, *, head_dim: int = 64, theta: floa
         ylim=(-1.05, 1.05),
         xlabel="distance between query and key (positions, log scale)",
         ylabel="score / head_dim",
-        title=f"RoPE score against distance (head_dim {head_dim}, θ = {theta:g})",
+        title=f"RoPE score against distance (head_dim {head_dim}, θ = {theta:,.0f})",
     )
     ax2.legend(fontsize=8, loc="lower left")
     fig.tight_layout()

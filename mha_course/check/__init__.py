@@ -14,6 +14,7 @@ from .accounting import count_attention_params, kv_cache_bytes
 from .address_book import address_book_query
 from .attention import multi_head_attention, scaled_dot_product_attention
 from .backward import backward_tile, repeat_kv_backward, softmax_backward
+from .bert_layer import attention_from_bert
 from .cache_schemes import gather_blocks, mla_cache_bytes, sink_window_update
 from .cached_gqa import cached_gqa_attention
 from .cross_attention import cross_attention
@@ -26,6 +27,7 @@ from .head_budget import attention_flops_split
 from .head_importance import gradient_importance
 from .heads import merge_heads, split_heads
 from .kv_cache import write_kv
+from .layer_bugs import find_bug
 from .leakage import leaks_future
 from .masks import causal_mask, padding_mask
 from .per_head import multi_head_attention_per_head
@@ -62,9 +64,11 @@ CHECKERS = {
         ablate_heads,
         gradient_importance,
         previous_token_score,
+        attention_from_bert,
         online_softmax_update,
         tiled_attention,
         attention_entropy,
+        find_bug,
         apply_rope,
         rope_step,
         llama3_frequencies,

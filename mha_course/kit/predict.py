@@ -2,8 +2,15 @@
 
 The questions of notebook NN live in ``mha_course/kit/predictions/NN.json``::
 
-    {"blur": {"question": "...", "options": ["...", "..."]},        # pick one
-     "cache": {"question": "...", "unit": "GiB"}}                   # a number
+    {"blur": {"question": "...", "options": ["...", "..."], "answer": 1,          # pick one
+              "settled_by": {"cell": "lookup(q_both)", "says": "0.450, 0.450"}},
+     "cache": {"question": "...", "unit": "GiB", "answer": 1.0,                   # a number
+               "settled_by": {"cell": "cache_bytes(", "says": "1.00 GiB"}}}
+
+``answer`` is the index of the right option (0 = a) or the number; ``settled_by`` names the code
+cell after the prompt whose output settles the question (a substring of its source, ``cell``) and
+what that output says (a substring of its stored text, ``says``). The tests check that the cell
+exists, that its output says so, and that nothing above the prompt gives the answer away.
 
 ``predict("01", "blur")`` shows the question as Markdown (what GitHub, nbviewer and a printed page
 show) and, in a live kernel, a widget that records the learner's prediction. It never shows the
@@ -35,6 +42,25 @@ def validate(questions: dict) -> list[str]:
             problems.append(f"{key}: needs either 'options' (multiple choice) or 'unit' (a number), not both")
         elif options is not None and (len(options) < 2 or not all(isinstance(o, str) and o for o in options)):
             problems.append(f"{key}: needs at least 2 non-empty options")
+        problems += _answer_problems(key, q)
+    return problems
+
+
+def _answer_problems(key: str, q: dict) -> list[str]:
+    """Problems with a question's 'answer' and 'settled_by', when it has them (the tests require both)."""
+    problems = []
+    if "answer" in q:
+        answer, options = q["answer"], q.get("options")
+        if isinstance(answer, bool) or not isinstance(answer, int | float):
+            problems.append(f"{key}: 'answer' must be a number, got {type(answer).__name__}")
+        elif options is not None and not (isinstance(answer, int) and 0 <= answer < len(options)):
+            problems.append(f"{key}: 'answer' must be an option index 0..{len(options) - 1}, got {answer!r}")
+    if "settled_by" in q:
+        settled = q["settled_by"]
+        if not isinstance(settled, dict) or set(settled) != {"cell", "says"}:
+            problems.append(f"{key}: 'settled_by' must be {{'cell': ..., 'says': ...}}, got {settled!r}")
+        elif not all(isinstance(v, str) and v.strip() for v in settled.values()):
+            problems.append(f"{key}: 'settled_by' needs a non-empty 'cell' and 'says' (strings)")
     return problems
 
 

@@ -423,13 +423,7 @@ def test_the_test_command_prints_each_skips_reason(tmp_path):
 #: notebooks executed before their bars were stored finished: re-execute each (`python -m authoring
 #: execute notebooks/NN_x.ipynb`) and remove it here; 04 and 12 create their bar in the notebook
 #: itself, so their cell must use mha_course.kit.progress.progress_bar instead of tqdm first
-PROGRESS_BARS_NOT_YET_REEXECUTED = {
-    "04_batched_implementation",
-    "07_do_heads_specialize",
-    "09_efficient_attention",
-    "10_transformer_block_and_debugging",
-    "12_beyond_gqa",
-}
+PROGRESS_BARS_NOT_YET_REEXECUTED: set[str] = set()
 _BAR = re.compile(r"\d{1,3}%\|[^|\n]*\| *[\d.]+\w?/[\d.]+\w?")
 
 

@@ -133,6 +133,9 @@ def test_prediction_widgets_record_a_click(key):
 
 def _next_state(widget) -> dict:
     """The state update the front end sends when a learner changes ``widget``."""
+    if isinstance(widget, W.FloatLogSlider):  # its steps are steps of the exponent
+        up = widget.value * widget.base**widget.step
+        return {"value": up if up <= widget.base**widget.max else widget.value / widget.base**widget.step}
     if isinstance(widget, (W.IntSlider, W.FloatSlider)):
         up = widget.value + widget.step
         return {"value": up if up <= widget.max else widget.value - widget.step}

@@ -33,9 +33,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 
 from .. import positions as P
+from ..kit.progress import progress_bar
 from .tiny_training import fixed_threads as single_thread
 
 METHODS = ("RoPE", "interpolation", "YaRN", "ALiBi")
@@ -154,7 +154,7 @@ def run(s: Setup = Setup(), *, progress: bool = True) -> dict:
     """Train one RoPE and one ALiBi model per seed (one training run each); evaluate every
     method at every length. Returns {(method, factor): [accuracy per run]}."""
     results = {(m, f): [] for m in METHODS for f in s.eval_factors}
-    bar = tqdm(total=2 * s.steps * len(s.seeds), desc="training", disable=not progress)
+    bar = progress_bar(total=2 * s.steps * len(s.seeds), desc="training", disable=not progress)
     for seed in s.seeds:
         models = {scheme: train(scheme, s, seed, progress=bar) for scheme in ("RoPE", "ALiBi")}
         for m in METHODS:

@@ -8,6 +8,7 @@ and the solved notebook with √d_k forgotten — and read the scores and the fe
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -85,11 +86,36 @@ def _nbgrader(course: Path, *args: str) -> str:
     return out.stdout + out.stderr
 
 
+SCORES = """
+import json, sys
+from nbgrader.api import Gradebook
+with Gradebook("sqlite:///" + sys.argv[1]) as gb:
+    out = {}
+    for learner in sys.argv[2:]:
+        sub = gb.find_submission("%s", learner)
+        out[learner] = {"max": sub.max_score, **{g.name: g.score for nb in sub.notebooks for g in nb.grades}}
+print(json.dumps(out))
+"""
+
+
+def _scores(gradebook: Path, learners: list[str]) -> dict:
+    """learner -> {grade cell: score} from nbgrader's gradebook, read in a fresh interpreter (nbgrader
+    imports setuptools, whose distutils shim fails in a process that has imported distutils already)."""
+    out = subprocess.run(
+        [sys.executable, "-c", SCORES % ASSIGNMENT, str(gradebook), *learners],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    scores = json.loads(out.stdout)
+    assert all(s.pop("max") == 2 for s in scores.values())
+    return scores
+
+
 @pytest.mark.slow
 def test_nbgrader_round_trip_scores_untouched_solved_and_planted_submissions(tmp_path):
     _nbgrader_available()
-    from nbgrader.api import Gradebook
-
     course = tmp_path / "course"
     grading.write_course(course, [ROOT / "notebooks" / f"{ASSIGNMENT}.ipynb"])
     _nbgrader(course, "generate_assignment", ASSIGNMENT, "--force")
@@ -108,12 +134,7 @@ def test_nbgrader_round_trip_scores_untouched_solved_and_planted_submissions(tmp
         (folder / f"{ASSIGNMENT}.ipynb").write_text(text, encoding="utf-8")
     _nbgrader(course, "autograde", ASSIGNMENT, "--create", "--force")
     _nbgrader(course, "generate_feedback", ASSIGNMENT, "--force")
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
-        scores = {}
-        for learner in submissions:
-            sub = gb.find_submission(ASSIGNMENT, learner)
-            scores[learner] = {g.name: g.score for nb in sub.notebooks for g in nb.grades}
-            assert sub.max_score == 2
+    scores = _scores(course / "gradebook.db", list(submissions))
     assert scores == {
         "untouched": {"exercise_1_1": 0, "exercise_1_2": 0},
         "solved": {"exercise_1_1": 1, "exercise_1_2": 1},

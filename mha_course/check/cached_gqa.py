@@ -18,6 +18,7 @@ from ..heads import merge_heads, split_heads
 from ..kv_cache import write_kv
 from ..masks import causal_mask
 from .framework import Case, CheckResult, mistakes, run_check, tensor_generator
+from .kv_cache import seeded_gqa_layer
 
 __all__ = ["cached_gqa_attention"]
 
@@ -26,13 +27,7 @@ D_MODEL = 12
 
 
 def _layer(num_heads: int, num_kv_heads: int) -> GroupedQueryAttention:
-    """The same random layer for every run of a case (its own seeded generator)."""
-    g = tensor_generator(77)
-    layer = GroupedQueryAttention(D_MODEL, num_heads, num_kv_heads, head_dim=HEAD_DIM)
-    with torch.no_grad():
-        for p in layer.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-    return layer
+    return seeded_gqa_layer(D_MODEL, num_heads, num_kv_heads, HEAD_DIM, seed=77)
 
 
 def _decoded_with(step):

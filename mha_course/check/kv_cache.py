@@ -22,14 +22,18 @@ NUM_HEADS = 4  # query heads of the layer the checker decodes with
 HEAD_DIM = 4
 
 
-def _layer(d_model: int, num_kv_heads: int) -> GroupedQueryAttention:
-    """The same random layer for every run of a case (its own seeded generator)."""
-    g = tensor_generator(99)
-    layer = GroupedQueryAttention(d_model, NUM_HEADS, num_kv_heads, head_dim=HEAD_DIM)
+def seeded_gqa_layer(d_model: int, num_heads: int, num_kv_heads: int, head_dim: int, seed: int):
+    """The same random GQA layer for every run of a case (weights from its own seeded generator)."""
+    g = tensor_generator(seed)
+    layer = GroupedQueryAttention(d_model, num_heads, num_kv_heads, head_dim=head_dim)
     with torch.no_grad():
         for p in layer.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * 0.5)
     return layer
+
+
+def _layer(d_model: int, num_kv_heads: int) -> GroupedQueryAttention:
+    return seeded_gqa_layer(d_model, NUM_HEADS, num_kv_heads, HEAD_DIM, seed=99)
 
 
 class _ThroughFunction(KVCache):

@@ -82,9 +82,7 @@ def hub_links_markdown(hub: str = EXAMPLE_HUB, *, edition: str = "student") -> s
 
 PASSED, ATTEMPTED, NOT_ATTEMPTED = "passed", "attempted", "not attempted"
 MARKS = {PASSED: "✅", ATTEMPTED: "❌", NOT_ATTEMPTED: "·"}
-_CHECK_CALL = re.compile(r"\bmc\.check\.(?P<name>\w+)\s*\(")
 _DIAGNOSIS = re.compile(r"likely mistake — (?P<what>.+)")
-_STEM = re.compile(r"(\d\d_[a-z0-9_]+?)(?:\s*\(\d+\))?$")
 
 
 @dataclasses.dataclass

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..multihead import MultiHeadAttention
-from .framework import NOT_ATTEMPTED, CheckResult, Mistake, diagnoses, raised_message, tensor_generator, type_name
+from .framework import CheckResult, Mistake, diagnoses, learner_raised, raised_message, tensor_generator, type_name
 
 __all__ = ["attention_from_bert"]
 
@@ -149,12 +149,8 @@ def attention_from_bert(fn) -> CheckResult:
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             try:
                 module = fn(layer, h)
-            except NotImplementedError as exc:
-                if i == 1:
-                    return CheckResult(False, f"{NAME}: {NOT_ATTEMPTED}", status="not attempted")
-                return raised_message(NAME, exc, where, call)
             except Exception as exc:  # noqa: BLE001 - report, never raise
-                return raised_message(NAME, exc, where, call)
+                return learner_raised(NAME, exc, first=i == 1, where=where, call=call)
             if not isinstance(module, nn.Module):
                 return CheckResult(
                     False, f"{NAME}: expected a module (e.g. mc.MultiHeadAttention), got {type_name(module)}", where

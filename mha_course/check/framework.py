@@ -425,6 +425,14 @@ def run_check(
     return CheckResult(False, f"{name}: {problem} ({where})", call)
 
 
+def learner_raised(name, exc, *, first, where, call):
+    """The result for a learner's function that raised ``exc`` on a case: "not attempted" when it is
+    the placeholder's NotImplementedError on the first case, else the exception named with its case."""
+    if first and isinstance(exc, NotImplementedError):
+        return CheckResult(False, f"{name}: {NOT_ATTEMPTED}", status="not attempted")
+    return raised_message(name, exc, where, call)
+
+
 def raised_message(name, exc, where, call, extra="", *, batched=False):
     text = _one_line(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
     line = _learner_line(exc)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..multihead import MultiHeadAttention
-from .framework import NOT_ATTEMPTED, CheckResult, Mistake, diagnoses, raised_message, tensor_generator, type_name
+from .framework import CheckResult, Mistake, diagnoses, learner_raised, tensor_generator, type_name
 
 __all__ = ["find_bug"]
 
@@ -97,12 +97,8 @@ def find_bug(fn) -> CheckResult:
         with torch.random.fork_rng(devices=[]):
             try:
                 given = fn(layer)
-            except NotImplementedError as exc:
-                if i == 1:
-                    return CheckResult(False, f"{NAME}: {NOT_ATTEMPTED}", status="not attempted")
-                return raised_message(NAME, exc, where, call)
             except Exception as exc:  # noqa: BLE001 - report, never raise
-                return raised_message(NAME, exc, where, call)
+                return learner_raised(NAME, exc, first=i == 1, where=where, call=call)
         if given not in LABELS:
             return CheckResult(
                 False,

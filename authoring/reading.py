@@ -1,0 +1,152 @@
+"""How long a notebook takes to read, computed from the notebook itself.
+
+A notebook's **core path** is everything outside its ``(deep dive)`` sections. Its time is
+
+    prose words / 130 per minute  +  30 s per code cell  +  each core exercise's stated time
+
+where an exercise states its time in its heading: ``### Exercise 7.1 — ablate heads (10 min)``.
+The header's ``**Estimated time:** core path ≈ X min; with the deep dives ≈ Y min.`` must give
+these numbers, rounded to the minute (tests/test_reading.py).
+
+    python -m authoring.reading            # a table: words, code cells, exercises, minutes
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+WORDS_PER_MINUTE = 130
+MINUTES_PER_CODE_CELL = 0.5
+MAX_CORE_MINUTES = 45
+MAX_WORDS = 3600
+
+HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*$", re.M)
+DEEP_DIVE = re.compile(r"\(deep dive\)", re.I)
+# an exercise's heading, "## 3. Exercise 9.1: …" or "### Exercise 7.1 — … (10 min)"; its time is the
+# "(N min)" in it (before a "(deep dive)" where it has one)
+EXERCISE = re.compile(r"^#{2,6}\s+(?:\d+\.\s+)?Exercise\s+(\d+\.\d+)\b.*$", re.M)
+EXERCISE_TIME = re.compile(r"\((\d+) min\)")
+TIME_LINE = re.compile(r"\*\*Estimated time:\*\* core path ≈ (\d+) min; with the deep dives ≈ (\d+) min\.")
+
+
+def prose_words(markdown: str) -> int:
+    """Words a reader reads: link targets, HTML tags and images are not read."""
+    text = re.sub(r"!\[[^\]]*\]\([^)]*\)", " ", markdown)  # images (badges)
+    text = re.sub(r"\]\([^)]*\)", "]", text)  # link targets
+    text = re.sub(r"<[^>]+>", " ", text)  # HTML tags (<details>, <summary>)
+    return sum(1 for token in text.split() if re.search(r"\w", token))
+
+
+@dataclass
+class Part:
+    """One cell, with whether it lies in a deep dive."""
+
+    kind: str  # "markdown" or "code"
+    source: str
+    deep: bool
+
+
+def parts(nb) -> list[Part]:
+    """The notebook's cells, each marked core or deep dive.
+
+    A heading with "(deep dive)" opens a deep dive; it lasts until the next heading of the same or a
+    higher level. Text before a cell's first heading belongs to whatever the previous cell was in.
+    """
+    out: list[Part] = []
+    deep_level: int | None = None  # level of the open deep-dive heading, if any
+    for cell in nb.cells:
+        source = cell.source if isinstance(cell.source, str) else "".join(cell.source)
+        if cell.cell_type != "markdown":
+            out.append(Part(cell.cell_type, source, deep_level is not None))
+            continue
+        # a markdown cell may hold several headings: split it at each one
+        pos, chunks = 0, []
+        for m in HEADING.finditer(source):
+            chunks.append((source[pos : m.start()], deep_level is not None))
+            level = len(m.group(1))
+            if deep_level is not None and level <= deep_level:
+                deep_level = None
+            if deep_level is None and DEEP_DIVE.search(m.group(2)):
+                deep_level = level
+            pos = m.start()
+        chunks.append((source[pos:], deep_level is not None))
+        out.extend(Part("markdown", text, deep) for text, deep in chunks if text.strip())
+    return out
+
+
+@dataclass
+class Reading:
+    words: int  # all prose, deep dives included
+    core_words: int
+    code_cells: int
+    core_code_cells: int
+    exercise_minutes: int  # every exercise's stated time
+    core_exercise_minutes: int
+    unstated_exercises: list[str]  # exercise headings without "(N min)"
+    exercises: dict[str, int]  # exercise number -> stated minutes
+
+    @property
+    def core_minutes(self) -> float:
+        return (
+            self.core_words / WORDS_PER_MINUTE
+            + self.core_code_cells * MINUTES_PER_CODE_CELL
+            + self.core_exercise_minutes
+        )
+
+    @property
+    def all_minutes(self) -> float:
+        return self.words / WORDS_PER_MINUTE + self.code_cells * MINUTES_PER_CODE_CELL + self.exercise_minutes
+
+
+def reading(nb) -> Reading:
+    r = Reading(0, 0, 0, 0, 0, 0, [], {})
+    for part in parts(nb):
+        if part.kind == "code":
+            r.code_cells += 1
+            r.core_code_cells += not part.deep
+            continue
+        words = prose_words(part.source)
+        r.words += words
+        r.core_words += 0 if part.deep else words
+        for m in EXERCISE.finditer(part.source):
+            t = EXERCISE_TIME.search(m.group(0))
+            if t is None:
+                r.unstated_exercises.append(m.group(0).strip())
+                continue
+            r.exercises[m.group(1)] = int(t.group(1))
+            r.exercise_minutes += int(t.group(1))
+            r.core_exercise_minutes += 0 if part.deep else int(t.group(1))
+    return r
+
+
+def stated_times(nb) -> tuple[int, int] | None:
+    """(core, with deep dives) minutes from the header, or None."""
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            m = TIME_LINE.search(cell.source if isinstance(cell.source, str) else "".join(cell.source))
+            if m:
+                return int(m.group(1)), int(m.group(2))
+    return None
+
+
+def main() -> None:
+    import nbformat
+
+    from authoring.notebooks import numbered_notebooks
+
+    print(f"{'notebook':40} {'words':>6} {'core':>6} {'cells':>5} {'ex min':>6} {'core min':>8} {'all min':>7} {'stated':>8}")
+    for path in numbered_notebooks():
+        nb = nbformat.read(path, as_version=4)
+        r = reading(nb)
+        stated = stated_times(nb)
+        print(
+            f"{Path(path).stem:40} {r.words:6} {r.core_words:6} {r.core_code_cells:5} {r.core_exercise_minutes:6} "
+            f"{r.core_minutes:8.1f} {r.all_minutes:7.1f} {str(stated):>8}"
+            + (f"  unstated: {len(r.unstated_exercises)}" if r.unstated_exercises else "")
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -8,7 +8,15 @@ where an exercise states its time in its heading: ``### Exercise 7.1 — ablate 
 The header's ``**Estimated time:** core path ≈ X min; with the deep dives ≈ Y min.`` must give
 these numbers, rounded to the minute (tests/test_reading.py).
 
-    python -m authoring.reading            # a table: words, code cells, exercises, minutes
+    python -m authoring.reading            # a table: words, code cells, exercises, minutes,
+                                           # and the prose numbers no output shows
+
+**Prose bound to outputs.** A number in Markdown that reports a result — a decimal (0.083), a grouped
+integer (1,429) or a percentage — must appear, as written or rounded to the precision written, in a
+text output of a code cell of the same ``##`` section (Summary and Check-your-understanding sections
+may cite any output of the notebook). A paragraph with a citation (a link, "et al.", a year) or the
+marker ``<!-- given, not measured -->`` (for configuration values and constants) is exempt; a number
+that is part of a name (Exercise 4.1, Llama 3.1, PyTorch 2.5) is not a result.
 """
 
 from __future__ import annotations
@@ -131,6 +139,11 @@ def stated_times(nb) -> tuple[int, int] | None:
     return None
 
 
+def minutes(x: float) -> int:
+    """Minutes as the header states them: rounded half up."""
+    return int(x + 0.5)
+
+
 def main() -> None:
     import nbformat
 
@@ -146,7 +159,105 @@ def main() -> None:
             f"{r.core_minutes:8.1f} {r.all_minutes:7.1f} {str(stated):>8}"
             + (f"  unstated: {len(r.unstated_exercises)}" if r.unstated_exercises else "")
         )
+        for section, number, context in unbound_numbers(nb):
+            print(f"    {number!r} in {section[:40]!r} is in no output of its section: …{context}…")
 
 
 if __name__ == "__main__":
     main()
+
+
+# ---------------------------------------------------------------------------------------------
+# prose bound to outputs
+
+# a number that reports a result: a decimal (0.083, 24.5), a grouped integer (1,429) or a percentage
+RESULT_NUMBER = re.compile(r"(?<![\w.,/^])(?:\d{1,3}(?:,\d{3})+|\d+\.\d+|\d+(?=\s?%))(?:\.\d+)?(?![\w^]|\.\d)")
+# a number that is part of a name: Exercise 4.1, Llama 3.1, PyTorch 2.5, Python 3.10, § 4.2
+NAME_BEFORE = re.compile(
+    r"(?:Exercise|Exercises|Llama|PyTorch|torch|Python|Qwen\d?|Mistral|Gemma|Phi|GPT|DeepSeek|section|§|v)[\s-]*(?:≥|>=|<=|≤)?\s*$", re.I
+)
+NOT_A_RESULT = "<!-- given, not measured -->"  # a paragraph holding this marker states no computed result
+CITATION = re.compile(r"\]\(https?://|et al\.|\(\d{4}\)|\b(?:19|20)\d{2}\b")
+WHOLE_NOTEBOOK_SECTIONS = re.compile(r"^##\s+(Summary|Check your understanding|Self-check quiz)", re.I)
+
+
+def _plain(markdown: str) -> str:
+    """Prose without what is not prose: code spans and blocks, math, link targets, HTML comments."""
+    text = re.sub(r"```.*?```", " ", markdown, flags=re.S)
+    text = re.sub(r"`[^`]*`", " ", text)
+    text = re.sub(r"\$\$.*?\$\$|\$[^$]*\$", " ", text, flags=re.S)
+    text = re.sub(r"\]\([^)]*\)", "]", text)
+    return text
+
+
+def _output_text(cell) -> str:
+    parts = []
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "stream":
+            parts.append(out.get("text", ""))
+        elif "data" in out:
+            parts.append(out["data"].get("text/plain", ""))
+    return "\n".join("".join(p) if isinstance(p, list) else p for p in parts)
+
+
+def _numbers(text: str) -> list[str]:
+    return re.findall(r"-?\d[\d,]*\.?\d*(?:e-?\d+)?", text)
+
+
+def _value(token: str) -> float | None:
+    try:
+        return float(token.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def _shown(number: str, outputs: str) -> bool:
+    """Whether `number`, as written (with its precision), is an output's number rounded."""
+    written = number.replace(",", "")
+    decimals = len(written.split(".")[1]) if "." in written else 0
+    target = float(written)
+    for token in _numbers(outputs):
+        value = _value(token.strip(","))
+        if value is None:
+            continue
+        for v in (value, value * 100):  # a fraction printed, a percentage written
+            if abs(abs(v) - target) <= 0.5 * 10**-decimals + 1e-12:
+                return True
+    return False
+
+
+def unbound_numbers(nb) -> list[tuple[str, str, str]]:
+    """(section, number, the sentence around it) for each result number no output of its section shows."""
+    sections: list[tuple[str, list[str], list[str]]] = []  # (heading, prose paragraphs, outputs)
+    current = ("(header)", [], [])
+    sections.append(current)
+    for cell in nb.cells:
+        source = cell.source if isinstance(cell.source, str) else "".join(cell.source)
+        if cell.cell_type == "code":
+            current[2].append(_output_text(cell))
+            continue
+        if cell.cell_type != "markdown":
+            continue
+        pos = 0
+        for m in re.finditer(r"^##\s+.*$", source, re.M):
+            current[1].append(source[pos : m.start()])
+            current = (m.group(0).strip(), [], [])
+            sections.append(current)
+            pos = m.start()
+        current[1].append(source[pos:])
+    everything = "\n".join(o for _, _, outs in sections for o in outs)
+    found = []
+    for heading, prose, outputs in sections:
+        shown = everything if WHOLE_NOTEBOOK_SECTIONS.match(heading) else "\n".join(outputs)
+        for block in prose:
+            for paragraph in re.split(r"\n\s*\n", block):
+                if NOT_A_RESULT in paragraph or CITATION.search(paragraph) or paragraph.lstrip().startswith("#"):
+                    continue
+                text = _plain(paragraph)
+                for m in RESULT_NUMBER.finditer(text):
+                    if NAME_BEFORE.search(text[max(0, m.start() - 20) : m.start()]):
+                        continue
+                    if not _shown(m.group(0), shown):
+                        context = text[max(0, m.start() - 60) : m.end() + 30].replace("\n", " ")
+                        found.append((heading, m.group(0), context))
+    return found

@@ -163,10 +163,6 @@ def main() -> None:
             print(f"    {number!r} in {section[:40]!r} is in no output of its section: …{context}…")
 
 
-if __name__ == "__main__":
-    main()
-
-
 # ---------------------------------------------------------------------------------------------
 # prose bound to outputs
 
@@ -261,3 +257,7 @@ def unbound_numbers(nb) -> list[tuple[str, str, str]]:
                         context = text[max(0, m.start() - 60) : m.end() + 30].replace("\n", " ")
                         found.append((heading, m.group(0), context))
     return found
+
+
+if __name__ == "__main__":
+    main()

@@ -170,7 +170,7 @@ def main() -> None:
 RESULT_NUMBER = re.compile(r"(?<![\w.,/^])(?:\d{1,3}(?:,\d{3})+|\d+\.\d+|\d+(?=\s?%))(?:\.\d+)?(?![\w^]|\.\d)")
 # a number that is part of a name: Exercise 4.1, Llama 3.1, PyTorch 2.5, Python 3.10, § 4.2
 NAME_BEFORE = re.compile(
-    r"(?:Exercise|Exercises|Llama|PyTorch|torch|Python|Qwen\d?|Mistral|Gemma|Phi|GPT|DeepSeek|section|§|v)[\s-]*(?:≥|>=|<=|≤)?\s*$", re.I
+    r"(?:Exercises?\s+\d+\.\d+\s*(?:–|-|,|and|or)\s*|Exercise|Exercises|Llama|PyTorch|torch|Python|Qwen\d?|Mistral|Gemma|Phi|GPT|DeepSeek|section|§|v)[\s-]*(?:≥|>=|<=|≤)?\s*$", re.I
 )
 NOT_A_RESULT = "<!-- given, not measured -->"  # a paragraph holding this marker states no computed result
 CITATION = re.compile(r"\]\(https?://|et al\.|\(\d{4}\)|\b(?:19|20)\d{2}\b")
@@ -196,8 +196,16 @@ def _output_text(cell) -> str:
     return "\n".join("".join(p) if isinstance(p, list) else p for p in parts)
 
 
-def _numbers(text: str) -> list[str]:
-    return re.findall(r"-?\d[\d,]*\.?\d*(?:e-?\d+)?", text)
+def _numbers(text: str) -> list[float]:
+    """The numbers an output prints, each also scaled by a K/M/B written right after it ("805 M")."""
+    values = []
+    for m in re.finditer(r"-?\d[\d,]*\.?\d*(?:e-?\d+)?(?:\s?([KkMBG])\b)?", text):
+        value = _value(m.group(0).split()[0].rstrip("KkMBG").strip(","))
+        if value is not None:
+            values.append(value)
+            if m.group(1):
+                values.append(value * SCALE[m.group(1)])
+    return values
 
 
 def _value(token: str) -> float | None:
@@ -207,17 +215,23 @@ def _value(token: str) -> float | None:
         return None
 
 
-def _shown(number: str, outputs: str) -> bool:
-    """Whether `number`, as written (with its precision), is an output's number rounded."""
+SCALE = {"K": 1e3, "k": 1e3, "M": 1e6, "B": 1e9, "G": 1e9}
+
+
+def _shown(number: str, outputs: str, unit: str = "") -> bool:
+    """Whether `number`, as written (with its precision, and scaled by a K/M/B written after it), is an
+    output's number rounded: "41.9 M" is shown by 41,943,040; "12.5 %" by 0.125."""
     written = number.replace(",", "")
+    # the precision written: 0.083 to the thousandth; a grouped integer to its last non-zero digit
+    # ("about 131,000" is 131,072 rounded), any other integer exactly
     decimals = len(written.split(".")[1]) if "." in written else 0
-    target = float(written)
-    for token in _numbers(outputs):
-        value = _value(token.strip(","))
-        if value is None:
-            continue
+    if "," in number and "." not in number:
+        decimals = -(len(written) - len(written.rstrip("0")))
+    scale = SCALE.get(unit, 1.0)
+    target, tolerance = float(written) * scale, (0.5 * 10**-decimals + 1e-12) * scale
+    for value in _numbers(outputs):
         for v in (value, value * 100):  # a fraction printed, a percentage written
-            if abs(abs(v) - target) <= 0.5 * 10**-decimals + 1e-12:
+            if abs(abs(v) - target) <= tolerance:
                 return True
     return False
 
@@ -253,7 +267,8 @@ def unbound_numbers(nb) -> list[tuple[str, str, str]]:
                 for m in RESULT_NUMBER.finditer(text):
                     if NAME_BEFORE.search(text[max(0, m.start() - 20) : m.start()]):
                         continue
-                    if not _shown(m.group(0), shown):
+                    unit = re.match(r"\s?([KkMBG])\b", text[m.end() : m.end() + 3])
+                    if not _shown(m.group(0), shown, unit.group(1) if unit else ""):
                         context = text[max(0, m.start() - 60) : m.end() + 30].replace("\n", " ")
                         found.append((heading, m.group(0), context))
     return found

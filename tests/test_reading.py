@@ -153,9 +153,13 @@ def test_myth_boxes_close_their_section(path):
             before = cells[i - 1].source.rstrip()
         assert not before.endswith(":"), f"{path.stem} cell {i}: a myth box right after an announcement ({before[-60:]!r})"
         for later in cells[i + 1 :]:
-            if later.cell_type == "markdown" and later.source.lstrip().startswith("#"):
-                break
-            assert later.cell_type == "code" or later.source.lstrip().startswith("*Takeaway"), (
-                f"{path.stem} cell {i}: the myth box is followed by more of its section ({later.source[:60]!r}); "
+            if later.cell_type == "code":
+                continue
+            heading = re.search(r"^#", later.source, re.M)
+            rest = later.source[: heading.start() if heading else None].strip()
+            assert not rest or rest.startswith("*Takeaway"), (
+                f"{path.stem} cell {i}: the myth box is followed by more of its section ({rest[:60]!r}); "
                 "move it to the section's end"
             )
+            if heading:
+                break

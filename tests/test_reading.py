@@ -109,8 +109,6 @@ def test_core_path_is_one_sitting_and_the_header_states_it(path):
         f"{path.stem}: core path {r.core_minutes:.1f} min ({r.core_words} words, {r.core_code_cells} code cells, "
         f"{r.core_exercise_minutes} min of exercises) > {reading.MAX_CORE_MINUTES}"
     )
-    if path.stem.startswith("00_"):
-        return  # the setup check states no time: it is the first few minutes of notebook 01's sitting
     stated = reading.stated_times(nb)
     assert stated, f"{path.stem}: the header needs '**Estimated time:** core path ≈ X min; with the deep dives ≈ Y min.'"
     computed = (reading.minutes(r.core_minutes), reading.minutes(r.all_minutes))

@@ -470,3 +470,26 @@ def test_the_list_of_notebooks_to_reexecute_names_only_notebooks_with_bars():
     assert PROGRESS_BARS_NOT_YET_REEXECUTED <= stems
     for stem in PROGRESS_BARS_NOT_YET_REEXECUTED:
         assert _stored_bars(ROOT / "notebooks" / f"{stem}.ipynb"), f"{stem} shows no progress bar: remove it"
+
+
+def test_nbval_waits_a_minute_for_a_cells_outputs():
+    """The root conftest raises nbval's fixed 5 s wait for a cell's outputs (after the kernel's reply)
+    to a minute; it works through nbval's per-cell attribute, which must still exist and be used."""
+    import importlib.util
+    import inspect
+
+    import nbval.plugin
+
+    spec = importlib.util.spec_from_file_location("root_conftest", ROOT / "conftest.py")
+    root_conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(root_conftest)
+
+    source = inspect.getsource(nbval.plugin.IPyNbCell)
+    assert "self.output_timeout = 5" in source and "timeout=self.output_timeout" in source
+
+    class Cell:
+        output_timeout = 5
+
+    items = [Cell(), object()]
+    root_conftest.pytest_collection_modifyitems(items)
+    assert items[0].output_timeout == root_conftest.NBVAL_OUTPUT_TIMEOUT_S == 60

@@ -149,7 +149,10 @@ def main() -> None:
 
     from authoring.notebooks import numbered_notebooks
 
-    print(f"{'notebook':40} {'words':>6} {'core':>6} {'cells':>5} {'ex min':>6} {'core min':>8} {'all min':>7} {'stated':>8}")
+    print(
+        f"{'notebook':40} {'words':>6} {'core':>6} {'cells':>5} {'ex min':>6} "
+        f"{'core min':>8} {'all min':>7} {'stated':>8}"
+    )
     for path in numbered_notebooks():
         nb = nbformat.read(path, as_version=4)
         r = reading(nb)
@@ -170,7 +173,9 @@ def main() -> None:
 RESULT_NUMBER = re.compile(r"(?<![\w.,/^])(?:\d{1,3}(?:,\d{3})+|\d+\.\d+|\d+(?=\s?%))(?:\.\d+)?(?![\w^]|\.\d)")
 # a number that is part of a name: Exercise 4.1, Llama 3.1, PyTorch 2.5, Python 3.10, § 4.2
 NAME_BEFORE = re.compile(
-    r"(?:Exercises?\s+\d+\.\d+\s*(?:–|-|,|and|or)\s*|Exercise|Exercises|Llama|PyTorch|torch|Python|Qwen\d?|Mistral|Gemma|Phi|GPT|DeepSeek|section|§|v)[\s-]*(?:≥|>=|<=|≤)?\s*$", re.I
+    r"(?:Exercises?\s+\d+\.\d+\s*(?:–|-|,|and|or)\s*|Exercise|Exercises"
+    r"|Llama|PyTorch|torch|Python|Qwen\d?|Mistral|Gemma|Phi|GPT|DeepSeek|section|§|v)[\s-]*(?:≥|>=|<=|≤)?\s*$",
+    re.I,
 )
 NOT_A_RESULT = "<!-- given, not measured -->"  # a paragraph holding this marker states no computed result
 CITATION = re.compile(r"\]\(https?://|et al\.|\(\d{4}\)|\b(?:19|20)\d{2}\b")

@@ -110,7 +110,9 @@ def test_core_path_is_one_sitting_and_the_header_states_it(path):
         f"{r.core_exercise_minutes} min of exercises) > {reading.MAX_CORE_MINUTES}"
     )
     stated = reading.stated_times(nb)
-    assert stated, f"{path.stem}: the header needs '**Estimated time:** core path ≈ X min; with the deep dives ≈ Y min.'"
+    assert stated, (
+        f"{path.stem}: the header needs '**Estimated time:** core path ≈ X min; with the deep dives ≈ Y min.'"
+    )
     computed = (reading.minutes(r.core_minutes), reading.minutes(r.all_minutes))
     assert stated == computed, f"{path.stem}: the header states {stated} min, the notebook computes {computed}"
 
@@ -149,7 +151,9 @@ def test_myth_boxes_close_their_section(path):
         before = cell.source[: MYTH.search(cell.source).start()].rstrip()
         if not before and i > 0 and cells[i - 1].cell_type == "markdown":
             before = cells[i - 1].source.rstrip()
-        assert not before.endswith(":"), f"{path.stem} cell {i}: a myth box right after an announcement ({before[-60:]!r})"
+        assert not before.endswith(":"), (
+            f"{path.stem} cell {i}: a myth box right after an announcement ({before[-60:]!r})"
+        )
         for later in cells[i + 1 :]:
             if later.cell_type == "code":
                 continue

@@ -378,6 +378,6 @@ def test_entropy_checker_names_the_mistake(fn, words):
 
 def test_entropy_checker_not_attempted():
     def todo(w):
-        raise NotImplementedError("Exercise 10.1")
+        raise NotImplementedError("Exercise 15.1")
 
     assert mc.check.attention_entropy(todo).status == "not attempted"

@@ -1,4 +1,4 @@
-"""Checker for notebook 10's exercise: per-head attention entropy."""
+"""Checker for per-head attention entropy (the diagnostic of notebook 15, §1)."""
 
 from __future__ import annotations
 

@@ -58,9 +58,9 @@ NOTEBOOKS: list[tuple[str, str, str]] = [
         "The L² score matrix; tiling with an online softmax (the FlashAttention idea); SDPA; benchmarks.",
     ),
     (
-        "10_transformer_block_and_debugging",
-        "Transformer block and debugging",
-        "An encoder block = nn.TransformerEncoderLayer; permutation equivariance; diagnosing broken attention.",
+        "10_transformer_block",
+        "The transformer block",
+        "An encoder block = nn.TransformerEncoderLayer; pre-norm vs post-norm measured; attention cannot see order.",
     ),
     (
         "11_positions_and_rope",
@@ -82,6 +82,11 @@ NOTEBOOKS: list[tuple[str, str, str]] = [
         "14_attention_across_devices",
         "Attention across devices",
         "Real gloo ranks on a CPU: heads split by tensor parallelism, ring attention, Ulysses — each = one process.",
+    ),
+    (
+        "15_debugging_attention",
+        "Debugging attention",
+        "The closing clinic: uniform, collapsed and identical heads, NaN, leaking masks — caused, diagnosed, fixed.",
     ),
 ]
 

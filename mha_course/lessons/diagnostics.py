@@ -1,4 +1,4 @@
-"""Diagnostics for attention layers: the evidence behind the troubleshooting table (notebook 10).
+"""Diagnostics for attention layers: the evidence behind the troubleshooting table (notebook 15).
 
 ========================  ===========================================  =======================
 symptom                   diagnostic                                   healthy value

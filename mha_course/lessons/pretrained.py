@@ -14,7 +14,7 @@ post-norm :class:`mha_course.block.EncoderBlock` s (notebook 10's block, with
 :class:`mha_course.MultiHeadAttention` and a GELU feed-forward network), mean pooling, normalisation;
 ``Encoder.from_hf`` copies the weights of ``transformers``' ``BertModel``. Then: per-head role
 scores of attention maps (previous / next token, [CLS], [SEP], entropy — the entropy is notebook
-10's ``diagnostics.attention_entropy``), head ablation (notebook 07's ``head_ablation.ablated``, one
+15's ``diagnostics.attention_entropy``), head ablation (notebook 07's ``head_ablation.ablated``, one
 layer at a time), and the figures of the notebook.
 
 Notation: ``n_layers`` layers, h heads, L tokens; an attention map is (..., L, L) with rows =
@@ -294,7 +294,7 @@ def position_score(attn, key: int):
 
 def entropy_score(attn):
     """Breadth of attention: each row's entropy divided by log L (0 = one key, 1 = uniform over
-    all L keys), averaged over the queries: attn (..., L, L) -> (...). Notebook 10's
+    all L keys), averaged over the queries: attn (..., L, L) -> (...). Notebook 15's
     ``attention_entropy(normalize=True)``, with every map of ``attn`` as one head."""
     L = attn.shape[-1]
     as_heads = attn.reshape(1, -1, L, L)  # (1, prod(...), L, L): one "head" per map

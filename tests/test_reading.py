@@ -165,3 +165,15 @@ def test_myth_boxes_close_their_section(path):
             )
             if heading:
                 break
+
+
+def test_workshop_pauses_are_never_shorter_than_the_exercise_they_are_for():
+    stated = {}
+    for path in NOTEBOOKS:
+        stated.update(reading.reading(_read(path)).exercises)
+    guide = (notebook_tools.ROOT / "docs" / "instructor_guide.md").read_text(encoding="utf-8")
+    pauses = re.findall(r"Pause (\d+) min: Exercises? (\d+\.\d+)(?: and (\d+\.\d+))?", guide)
+    assert len(pauses) >= 5, "the agendas' pauses were not found"
+    for minutes, first, second in pauses:
+        needed = stated[first] + (stated[second] if second else 0)
+        assert int(minutes) >= needed, f"the guide pauses {minutes} min for Exercise {first}, which states {needed} min"

@@ -70,7 +70,7 @@ class TinyAttentionModel(nn.Module):
         if need_weights:  # for the attention maps: the query of every position
             a, weights = self.attn(x, need_weights=True)  # (B, L, d_model), (B, h, L, L)
             a = a[:, self.scored]  # (B, S, d_model)
-        else:  # only the scored queries need an output: the same numbers, less than half the work
+        else:  # only the scored queries need an output: the same numbers, less work
             a, weights = self.attn(x[:, self.scored], x, x, need_weights=False)  # (B, S, d_model), None
         y = self.norm(x[:, self.scored] + a)  # residual, then LayerNorm
         return self.readout(y), weights  # (B, S, num_classes)

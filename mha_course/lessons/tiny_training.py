@@ -67,9 +67,13 @@ class TinyAttentionModel(nn.Module):
         """Logits (B, S, num_classes) at the scored positions, and the attention weights
         (B, h, L, L) when ``need_weights`` (else None)."""
         x = self.embed(keys, values)  # (B, L, d_model)
-        a, weights = self.attn(x, need_weights=need_weights)  # (B, L, d_model), (B, h, L, L) | None
-        y = self.norm(x + a)  # residual, then LayerNorm
-        return self.readout(y[:, self.scored]), weights  # (B, S, num_classes)
+        if need_weights:  # for the attention maps: the query of every position
+            a, weights = self.attn(x, need_weights=True)  # (B, L, d_model), (B, h, L, L)
+            a = a[:, self.scored]  # (B, S, d_model)
+        else:  # only the scored queries need an output: the same numbers, less work
+            a, weights = self.attn(x[:, self.scored], x, x, need_weights=False)  # (B, S, d_model), None
+        y = self.norm(x[:, self.scored] + a)  # residual, then LayerNorm
+        return self.readout(y), weights  # (B, S, num_classes)
 
 
 @dataclass

@@ -282,13 +282,16 @@ def test_launch_under_torchrun(tmp_path):
 
     script = tmp_path / "tp.py"
     script.write_text(
-        "import torch, mha_course as mc\n"
+        "import sys, torch, mha_course as mc\n"
         "from mha_course import distributed as md\n"
         "torch.manual_seed(0)\n"
         "m = mc.MultiHeadAttention(16, 4).double(); x = torch.randn(2, 8, 16, dtype=torch.float64)\n"
         "res = md.launch(md.tensor_parallel_rank, 2, m, x)\n"
         "err = max((out - m(x)[0]).abs().max().item() for out, _, _ in res)\n"
-        "print('rank', torch.distributed.get_rank(), 'heads', [r[1][0] for r in res], 'ok', err < 1e-12)\n"
+        # each rank writes a file of its own: two ranks printing to one pipe can interleave their words
+        "rank = torch.distributed.get_rank()\n"
+        "line = f'heads {[r[1][0] for r in res]} ok {err < 1e-12}'\n"
+        "open(sys.argv[1] + f'/rank{rank}.txt', 'w').write(line)\n"
     )
     with socket.socket() as s:  # a free loopback port for torchrun's rendezvous
         s.bind(("127.0.0.1", 0))
@@ -302,7 +305,9 @@ def test_launch_under_torchrun(tmp_path):
         "--master-addr=127.0.0.1",
         f"--master-port={port}",
         str(script),
+        str(tmp_path),
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.count("heads [[0, 1], [2, 3]] ok True") == 2, done.stdout
+    for rank in (0, 1):
+        assert (tmp_path / f"rank{rank}.txt").read_text() == "heads [[0, 1], [2, 3]] ok True", rank

@@ -30,6 +30,7 @@ for load-balancing the causal ring.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import math
 import multiprocessing
@@ -85,6 +86,17 @@ _PRELOAD = [
 
 # ---------------------------------------------------------------------------------------------
 # starting ranks
+
+
+def _leave_torchrun_group() -> None:
+    """At exit, the ranks torchrun started leave the group they joined together: each waits for the
+    others, then closes its connections. A rank that exits while a peer still holds a connection to
+    it can make that peer abort."""
+    if dist.is_initialized():
+        try:
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
 
 
 def _under_torchrun() -> bool:
@@ -167,6 +179,7 @@ class Ranks:
                 )
             if not dist.is_initialized():
                 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=self.timeout))
+                atexit.register(_leave_torchrun_group)
             return
         if world_size > MAX_WORLD_SIZE:
             raise ValueError(

@@ -177,3 +177,13 @@ def test_workshop_pauses_are_never_shorter_than_the_exercise_they_are_for():
     for minutes, first, second in pauses:
         needed = stated[first] + (stated[second] if second else 0)
         assert int(minutes) >= needed, f"the guide pauses {minutes} min for Exercise {first}, which states {needed} min"
+
+
+def test_scales_and_the_precision_written_decide_what_an_output_shows():
+    shown = reading._shown
+    assert shown("41.9", "numel 41,943,040 per layer", "M") and not shown("41.9", "numel 42,943,040", "M")
+    assert shown("805", "saves 805 M parameters", "M")  # a scale printed after the output's number
+    assert shown("131,000", "reach 131,072 tokens") and not shown("131,000", "reach 132,072 tokens")
+    assert not shown("2,048", "2,049 tokens")  # a grouped integer without trailing zeros is exact
+    assert shown("12.5", "share 0.125") and not shown("12.5", "share 0.135")  # a percentage of a fraction
+    assert shown("0.08", "0.0834") and not shown("0.083", "0.0844")

@@ -44,7 +44,7 @@ CONFIG = """\
 c = get_config()  # noqa: F821 (nbgrader provides it)
 c.CourseDirectory.course_id = "mha-course"
 # what a cleared solution region becomes: the course's checkers report NotImplementedError as
-# "not attempted yet" (0 points)
+# "not attempted" (0 points)
 c.ClearSolutions.code_stub = {{"python": {stub}}}
 # the slowest notebook takes about 90 s on a 2-core laptop
 c.ExecutePreprocessor.timeout = 600

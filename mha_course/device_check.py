@@ -21,6 +21,7 @@ from .attention import scaled_dot_product_attention
 from .fast import FastMultiHeadAttention
 from .gqa import GroupedQueryAttention, repeat_kv
 from .kit.setup import device as best_device
+from .kit.verify import mark
 from .kv_cache import KVCache
 from .masks import causal_mask, padding_mask
 from .multihead import MultiHeadAttention
@@ -96,9 +97,7 @@ def report(device: torch.device | str | None = None) -> tuple[list[str], bool]:
             err = (got.double() - expected.double()).abs().max().item()
             passed = err <= bound and got.device.type == device.type
             ok &= passed
-            lines.append(
-                f"{'✅' if passed else '❌'} {str(dtype).removeprefix('torch.'):8} {name}: {err:.1e} (≤ {bound:.0e})"
-            )
+            lines.append(f"{mark(passed)} · {str(dtype).removeprefix('torch.'):8} {name}: {err:.1e} (≤ {bound:.0e})")
     return lines, ok
 
 

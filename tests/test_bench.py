@@ -195,7 +195,7 @@ def test_the_fast_variant_is_also_judged_against_pytorchs_plain_path_from_the_sa
     for r in rep.results:
         r.samples_s = samples.get(r.name, [1.0, 1.0, 1.0])
     line = next(x for x in benchmark.goal_lines(rep) if "/ torch+weights plain" in x)
-    assert line.startswith("✅ fast+weights / torch+weights plain: 0.80×")  # median of 0.8, 1.8, 0.7
+    assert line.startswith("✅ passed · fast+weights / torch+weights plain: 0.80×")  # median of 0.8, 1.8, 0.7
     assert "per-round range 0.70–1.80" in line
 
 
@@ -223,9 +223,9 @@ def test_pytorchs_calls_are_timed_without_autograd_and_the_plain_path_skips_the_
 
 def test_goal_lines_judge_each_goal_and_report_the_readable_path():
     lines = benchmark.goal_lines(_fake({"ours+SDPA": 0.62, "fast+weights": 0.95, "ours+weights": 1.3}))
-    assert lines[0].startswith("✅ ours+SDPA / torch: 0.62×") and "goal ≤ 1.00×" in lines[0]
-    assert lines[1].startswith("❌ fast+weights / torch+weights: 0.95×") and "goal ≤ 0.90×" in lines[1]
-    assert lines[2].startswith("   ours+weights / torch+weights: 1.30×") and "measured" in lines[2]
+    assert lines[0].startswith("✅ passed · ours+SDPA / torch: 0.62×") and "goal ≤ 1.00×" in lines[0]
+    assert lines[1].startswith("❌ failed · fast+weights / torch+weights: 0.95×") and "goal ≤ 0.90×" in lines[1]
+    assert lines[2].startswith("ours+weights / torch+weights: 1.30×") and "measured" in lines[2]
     assert benchmark.goal_lines(_fake({"fast+weights": 0.9}))[0].startswith("✅")  # the bound is inclusive
     assert benchmark.goal_lines(_fake({"looped": 3.0})) == []
 

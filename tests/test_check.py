@@ -46,13 +46,13 @@ def raises_value_error(*args, **kwargs):
 def test_check_result_basics():
     ok = CheckResult(True, "demo: correct on 3 cases")
     bad = CheckResult(False, "demo: wrong", "case 1\nmax abs error 1")
-    todo = CheckResult(False, "demo: not attempted yet", status="not attempted")
+    todo = CheckResult(False, "demo: replace the raise", status="not attempted")
     assert bool(ok) and not bool(bad) and not bool(todo)
-    assert repr(ok) == "✅ demo: correct on 3 cases"
-    assert repr(bad) == "❌ demo: wrong\n   case 1\n   max abs error 1"
-    assert repr(todo) == "⏳ demo: not attempted yet"
+    assert repr(ok) == "✅ passed · demo: correct on 3 cases"
+    assert repr(bad) == "❌ failed · demo: wrong\n   case 1\n   max abs error 1"
+    assert repr(todo) == "⏳ not attempted · demo: replace the raise"
     assert bad._repr_html_().count("<pre") == 1 and "max abs error 1" in bad._repr_html_()
-    assert "<pre" not in ok._repr_html_() and "✅ demo" in ok._repr_html_()
+    assert "<pre" not in ok._repr_html_() and "✅ passed · demo" in ok._repr_html_()
     with pytest.raises(ValueError):
         CheckResult(True, "x", status="failed")
     with pytest.raises(ValueError):
@@ -709,7 +709,7 @@ def test_every_checker_reports_instead_of_raising(name):
     check = getattr(mc.check, name)
     todo = check(not_implemented)
     assert todo.status == "not attempted" and not todo.passed
-    assert repr(todo) == f"⏳ {name}: not attempted yet — replace the raise NotImplementedError with your code"
+    assert repr(todo) == f"⏳ not attempted · {name}: replace the raise NotImplementedError with your code"
     assert_fails(check(raises_value_error), "raised ValueError")
     for wrong in (lambda *a, **k: None, lambda *a, **k: [1, 2, 3], lambda *a, **k: "text"):
         assert_fails(check(wrong))

@@ -1,4 +1,4 @@
-"""Exercise 15.1's checker: two differently written correct diagnosers pass, each listed mistake
+"""Exercise 17.1's checker: two differently written correct diagnosers pass, each listed mistake
 is named, answers outside the vocabulary are reported, and every layer the checker builds really
 has the one bug it is labelled with (measured here with the course's diagnostics)."""
 

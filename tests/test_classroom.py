@@ -76,7 +76,7 @@ def _planted(nb: dict, checker: str, diagnosis: str) -> dict:
     for cell in nb["cells"]:
         source = "".join(cell["source"])
         if cell["cell_type"] == "code" and f"mc.check.{checker}(" in source and "BEGIN SOLUTION" in source:
-            text = f"❌ {checker}: likely mistake — {diagnosis}\n   case 1 of 6: ..."
+            text = f"❌ failed · {checker}: likely mistake — {diagnosis}\n   case 1 of 6: ..."
             cell["outputs"] = [
                 {"output_type": "execute_result", "data": {"text/plain": text}, "metadata": {}, "execution_count": 1}
             ]

@@ -175,7 +175,7 @@ def test_report_on_a_healthy_model_finds_nothing():
     dec = Encoder(2, 16, 2, 32, causal=True, norm_first=True)
     rep = dg.report(dec, torch.randn(2, 6, 16), causal=True, trained=False)
     assert rep.healthy and rep.leakage == 0.0
-    assert "✅ no problem found" in repr(rep) and "0 (exactly)" in repr(rep)
+    assert "✅ passed · no problem found" in repr(rep) and "0 (exactly)" in repr(rep)
     assert dec.training  # report restores the mode
 
 
@@ -378,6 +378,6 @@ def test_entropy_checker_names_the_mistake(fn, words):
 
 def test_entropy_checker_not_attempted():
     def todo(w):
-        raise NotImplementedError("Exercise 15.1")
+        raise NotImplementedError("Exercise 17.1")
 
     assert mc.check.attention_entropy(todo).status == "not attempted"

@@ -7,16 +7,16 @@ from mha_course.kit.verify import proof_line
 
 def test_bitwise_claims():
     a = torch.ones(3)
-    assert proof_line("same", a, a.clone(), exact=True) == "✅ same: bitwise identical"
-    assert proof_line("copy?", a, a + 2**-20, exact=True).startswith("❌ copy?: not bitwise identical")
+    assert proof_line("same", a, a.clone(), exact=True) == "✅ passed · same: bitwise identical"
+    assert proof_line("copy?", a, a + 2**-20, exact=True).startswith("❌ failed · copy?: not bitwise identical")
 
 
 def test_bounded_claims_print_the_bound_not_the_error():
     a = torch.ones(3)
-    assert proof_line("close", a, a + 2**-22) == "✅ close: max abs error < 1e-06"
-    assert proof_line("same", a, a.clone()) == "✅ same: max abs error < 1e-06"
-    assert proof_line("loose", a, a + 1e-4, bound=1e-3) == "✅ loose: max abs error < 1e-03"
-    assert proof_line("far", a, a + 0.25) == "❌ far: max abs error 2.50e-01 (bound 1e-06)"
+    assert proof_line("close", a, a + 2**-22) == "✅ passed · close: max abs error < 1e-06"
+    assert proof_line("same", a, a.clone()) == "✅ passed · same: max abs error < 1e-06"
+    assert proof_line("loose", a, a + 1e-4, bound=1e-3) == "✅ passed · loose: max abs error < 1e-03"
+    assert proof_line("far", a, a + 0.25) == "❌ failed · far: max abs error 2.50e-01 (bound 1e-06)"
 
 
 def test_nan_and_shape_mismatch_fail():

@@ -1,4 +1,4 @@
-"""Checker for per-head attention entropy (the diagnostic of notebook 15, §1)."""
+"""Checker for per-head attention entropy (the diagnostic of notebook 17, §1)."""
 
 from __future__ import annotations
 

@@ -3,11 +3,13 @@ and name the likely mistake by matching known wrong variants.
 
 A check returns a :class:`CheckResult` that a notebook displays as one line::
 
-    ✅ causal_mask: correct on 6 cases (square 4×4, 1×1, Lq < Lk, ...)
-    ❌ causal_mask: likely mistake — the diagonal is excluded (a query must see its own position)
+    ✅ passed · causal_mask: correct on 6 cases (square 4×4, 1×1, Lq < Lk, ...)
+    ❌ failed · causal_mask: likely mistake — the diagonal is excluded (a query must see its own position)
        case 1 of 6: square 4×4 — causal_mask(q_len=4)
        mask has wrong values: 4 of 16 entries differ
-    ⏳ causal_mask: not attempted yet — replace the raise NotImplementedError with your code
+    ⏳ not attempted · causal_mask: replace the raise NotImplementedError with your code
+
+The status word stands beside its glyph, so a machine without an emoji font still shows it.
 
 How to write a checker module (``mha_course/check/<topic>.py``)
 ----------------------------------------------------------------
@@ -74,7 +76,7 @@ __all__ = ["CheckResult", "Case", "Mistake", "mistakes", "diagnoses", "run_check
 SEED = 1234
 _STATUSES = ("passed", "failed", "not attempted")
 _ICONS = {"passed": "✅", "failed": "❌", "not attempted": "⏳"}
-NOT_ATTEMPTED = "not attempted yet — replace the raise NotImplementedError with your code"
+NOT_ATTEMPTED = "replace the raise NotImplementedError with your code"
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,8 @@ class CheckResult:
     ``passed``: True only if every case was right. ``message``: one line, starting with the
     exercise name. ``details``: extra lines shown under a failure (case, inputs, what differed).
     ``status``: "passed", "failed" or "not attempted" (default: from ``passed``).
-    ``bool(result)`` is ``passed``; the repr is the message with its icon (+ indented details).
+    ``bool(result)`` is ``passed``; the repr is the message after its icon and status word
+    ("✅ passed · …"), plus the indented details.
     """
 
     passed: bool
@@ -105,7 +108,7 @@ class CheckResult:
         return self.passed
 
     def _lines(self) -> list[str]:
-        lines = [f"{_ICONS[self.status]} {self.message}"]
+        lines = [f"{_ICONS[self.status]} {self.status} · {self.message}"]
         if self.status == "failed" and self.details:
             lines += ["   " + line for line in self.details.splitlines()]
         return lines

@@ -1,4 +1,4 @@
-"""Checker for notebook 15's exercise (Exercise 15.1): a function that tells which bug an attention layer has.
+"""Checker for notebook 17's exercise (Exercise 17.1): a function that tells which bug an attention layer has.
 
 The learner's ``fn(layer) -> str`` receives an attention layer — ``layer(x, mask=None)`` maps x
 (B, L, layer.d_model) to ``(out, weights)`` like ``mc.MultiHeadAttention``, mask True = may

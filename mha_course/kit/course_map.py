@@ -84,7 +84,7 @@ NOTEBOOKS: list[tuple[str, str, str]] = [
         "Real gloo ranks on a CPU: heads split by tensor parallelism, ring attention, Ulysses — each = one process.",
     ),
     (
-        "15_debugging_attention",
+        "17_debugging_attention",
         "Debugging attention",
         "The closing clinic: uniform, collapsed and identical heads, NaN, leaking masks — caused, diagnosed, fixed.",
     ),

@@ -59,7 +59,7 @@ def static_markdown(quiz: dict) -> str:
         answer = next(j for j, o in enumerate(q["options"]) if o["correct"])
         lines += ["", "<details><summary>Answer</summary>", ""]
         lines += [
-            f"- **{letter(j)})** {'✅' if o['correct'] else '❌'} {o['explanation']}"
+            f"- **{letter(j)})** {'✅ right' if o['correct'] else '❌ wrong'} — {o['explanation']}"
             for j, o in enumerate(q["options"])
         ]
         lines += ["", f"Correct: **{letter(answer)})** — see *{q['section']}*.", "", "</details>", ""]

@@ -70,6 +70,7 @@ from ..heads import split_heads
 from ..kit.memory import peak_memory
 from ..kit.setup import device as mc_device
 from ..kit.timing import cpu_model, device_label, round_robin_times
+from ..kit.verify import mark
 from ..masks import causal_mask
 from ..multihead import LoopedMultiHeadAttention
 
@@ -404,10 +405,10 @@ def goal_lines(report: Report, config: Config | None = None) -> list[str]:
         if ref != REFERENCE[name]:  # against another call: its own per-round ratios, from the same rounds
             ratios = [t / t_ref for t, t_ref in zip(r.samples_s, reference.samples_s, strict=True)]
             ratio, low, high = statistics.median(ratios), min(ratios), max(ratios)
-        verdict = "  " if bound is None else ("✅" if ratio <= bound else "❌")
+        verdict = "" if bound is None else f"{mark(ratio <= bound)} · "
         goal = "measured" if bound is None else f"goal ≤ {bound:.2f}×"
         lines.append(
-            f"{verdict} {name} / {ref}: {ratio:.2f}× (per-round range {low:.2f}–{high:.2f}; {goal}) at {config}"
+            f"{verdict}{name} / {ref}: {ratio:.2f}× (per-round range {low:.2f}–{high:.2f}; {goal}) at {config}"
         )
     return lines
 

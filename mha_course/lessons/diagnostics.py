@@ -1,4 +1,4 @@
-"""Diagnostics for attention layers: the evidence behind the troubleshooting table (notebook 15).
+"""Diagnostics for attention layers: the evidence behind the troubleshooting table (notebook 17).
 
 ========================  ===========================================  =======================
 symptom                   diagnostic                                   healthy value
@@ -29,6 +29,7 @@ from torch import nn
 
 from .. import validation
 from ..kit.plotting import heatmap
+from ..kit.verify import mark
 from .mask_lab import dependency_matrix
 
 # ---------------------------------------------------------------------------------------------
@@ -162,7 +163,7 @@ class NonFinite:
 
     def __repr__(self) -> str:
         if not self.found:
-            return "✅ no NaN or inf anywhere (inputs, every module's output)"
+            return f"{mark(True)} · no NaN or inf anywhere (inputs, every module's output)"
         spread = sum(frac > 0 for _, frac in self.trace)
         final = f", {self.trace[-1][1]:.0%} of the final output" if self.trace else ""
         return (
@@ -288,7 +289,7 @@ class Report:
             lines.append(f"causal leakage (max change of a past output when the future changes): {leak}")
         elif self.causal and self.nonfinite.found:
             lines.append("causal leakage: not measured (the outputs are not finite)")
-        lines += [f"⚠️ {f}" for f in self.findings] or ["✅ no problem found"]
+        lines += [f"⚠️ {f}" for f in self.findings] or [f"{mark(True)} · no problem found"]
         return "\n".join(lines)
 
 

@@ -294,7 +294,7 @@ def position_score(attn, key: int):
 
 def entropy_score(attn):
     """Breadth of attention: each row's entropy divided by log L (0 = one key, 1 = uniform over
-    all L keys), averaged over the queries: attn (..., L, L) -> (...). Notebook 15's
+    all L keys), averaged over the queries: attn (..., L, L) -> (...). Notebook 17's
     ``attention_entropy(normalize=True)``, with every map of ``attn`` as one head."""
     L = attn.shape[-1]
     as_heads = attn.reshape(1, -1, L, L)  # (1, prod(...), L, L): one "head" per map

@@ -1,4 +1,4 @@
-"""Attention bugs on purpose: the models and tasks behind notebook 15's troubleshooting table.
+"""Attention bugs on purpose: the models and tasks behind notebook 17's troubleshooting table.
 
 * The **partner task**: a toy problem that a one-layer attention model solves in a few dozen
   steps. Tokens come in pairs (``A``/``a``, ``B``/``b``, ...); every token carries a colour

@@ -381,3 +381,60 @@ def test_entropy_checker_not_attempted():
         raise NotImplementedError("Exercise 17.1")
 
     assert mc.check.attention_entropy(todo).status == "not attempted"
+
+
+# --- the QK-norm control -------------------------------------------------------------------------
+
+
+def test_qk_norm_attention_matches_layer_norm_then_sdpa():
+    torch.manual_seed(0)
+    attn = sy.QKNormAttention(16, 4)
+    with torch.no_grad():  # non-trivial norm parameters, so a missing or misplaced norm shows
+        for norm in (attn.q_norm, attn.k_norm):
+            norm.weight.uniform_(0.5, 1.5)
+            norm.bias.uniform_(-0.5, 0.5)
+    x, mask = torch.randn(3, 5, 16), torch.rand(3, 1, 5, 5) > 0.3
+    mask[..., 0] = True
+    out, w = attn(x, mask=mask)
+
+    def heads(t):  # (B, L, 16) -> (B, 4, L, 4), the layout written out by hand
+        return t.view(3, 5, 4, 4).transpose(1, 2)
+
+    q = torch.nn.functional.layer_norm(heads(attn.q_proj(x)), (4,), attn.q_norm.weight, attn.q_norm.bias)
+    k = torch.nn.functional.layer_norm(heads(attn.k_proj(x)), (4,), attn.k_norm.weight, attn.k_norm.bias)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, heads(attn.v_proj(x)), attn_mask=mask)
+    torch.testing.assert_close(out, attn.out_proj(ref.transpose(1, 2).reshape(3, 5, 16)))
+    torch.testing.assert_close(w.sum(-1), torch.ones(3, 4, 5))
+
+
+def test_qk_norm_bounds_the_scores_whatever_the_weights():
+    torch.manual_seed(0)
+    plain = mc.MultiHeadAttention(16, 2)
+    with torch.no_grad():
+        plain.q_proj.weight.mul_(1000)
+        plain.k_proj.weight.mul_(1000)
+    normed = sy.QKNormAttention.from_attention(plain)
+    torch.testing.assert_close(normed.v_proj.weight, plain.v_proj.weight)
+    x = torch.randn(2, 6, 16)
+    _, w_plain = plain(x)
+    _, w_normed = normed(x)
+    # LayerNorm'd vectors have length √d_head = √8, so |q·k|/√8 ≤ √8 and no weight can exceed e^(2√8)/(e^(2√8)+5)
+    bound = math.exp(2 * math.sqrt(8)) / (math.exp(2 * math.sqrt(8)) + 5)
+    assert w_plain.max() > 0.999 and w_normed.max() <= bound + 1e-6
+
+
+def test_partner_model_with_qk_norm_starts_from_the_same_weights():
+    torch.manual_seed(3)
+    plain = sy.PartnerModel()
+    torch.manual_seed(3)
+    normed = sy.PartnerModel(qk_norm=True)
+    assert isinstance(normed.encoder.layers[0].self_attn, sy.QKNormAttention)
+    for name, p in plain.named_parameters():
+        torch.testing.assert_close(dict(normed.named_parameters())[name], p)
+
+
+def test_learning_rate_control_counts_runs():
+    table = sy.learning_rate_control((2e-2,), seeds=(0,), steps=30)
+    assert set(table) == {(2e-2, False), (2e-2, True)}
+    assert table[2e-2, False]["solved"] == 1 and table[2e-2, False]["runs"] == 1  # lr = 0.02 trains (§2.1)
+    assert table[2e-2, True]["solved"] == 1 and table[2e-2, True]["saturated"] == 0

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import validation
+from ..attention import attention_weights
 from ..block import Encoder
 from ..heads import merge_heads, split_heads
 from ..masks import causal_mask
@@ -65,18 +66,54 @@ class PartnerModel(nn.Module):
     (B, L, NUM_COLORS). Diagnose the attention part with ``report(model.encoder, model.embed(...))``.
     """
 
-    def __init__(self, d_model: int = 32, num_heads: int = 2, *, num_layers: int = 1):
+    def __init__(self, d_model: int = 32, num_heads: int = 2, *, num_layers: int = 1, qk_norm: bool = False):
         super().__init__()
         self.token = nn.Embedding(2 * NUM_PAIRS, d_model)
         self.color = nn.Embedding(NUM_COLORS, d_model)
         self.encoder = Encoder(num_layers, d_model, num_heads, 2 * d_model, norm_first=True)
         self.readout = nn.Linear(d_model, NUM_COLORS)
+        if qk_norm:  # same random weights as without (built first, then copied), plus the two norms
+            for layer in self.encoder.layers:
+                layer.self_attn = QKNormAttention.from_attention(layer.self_attn)
 
     def embed(self, tokens: torch.Tensor, colors: torch.Tensor) -> torch.Tensor:
         return self.token(tokens) + self.color(colors)  # (B, L, d_model); no positions needed
 
     def forward(self, tokens: torch.Tensor, colors: torch.Tensor) -> torch.Tensor:
         return self.readout(self.encoder(self.embed(tokens, colors)))  # (B, L, NUM_COLORS)
+
+
+class QKNormAttention(MultiHeadAttention):
+    """``MultiHeadAttention`` with QK-norm: a LayerNorm over each head's query and key vectors
+    (width d_head, shared by the heads) before the scores, so no growth of W_Q or W_K can make the
+    scores q·k/√d_head larger than about √d_head (Dehghani et al. 2023, https://arxiv.org/abs/2302.05442;
+    Wortsman et al. 2023, https://arxiv.org/abs/2309.14322). Notebook 15 builds the RMSNorm variant
+    of today's decoders; this one is the notebook-17 control."""
+
+    def __init__(self, d_model: int, num_heads: int, **kwargs):
+        super().__init__(d_model, num_heads, **kwargs)
+        self.q_norm = nn.LayerNorm(self.d_head)
+        self.k_norm = nn.LayerNorm(self.d_head)
+
+    @classmethod
+    @torch.no_grad()
+    def from_attention(cls, attn: MultiHeadAttention) -> QKNormAttention:
+        """A QK-norm layer with ``attn``'s projections (the norms start as the identity map's
+        LayerNorm: weight 1, bias 0)."""
+        new = cls(attn.d_model, attn.num_heads, bias=attn.q_proj.bias is not None)
+        new.to(attn.q_proj.weight)
+        new.load_state_dict(attn.state_dict(), strict=False)
+        return new
+
+    def forward(self, query, key=None, value=None, *, mask=None, need_weights=True):
+        key, value = validation.mha_inputs(self, query, key, value)
+        B, Lq, Lk, h = query.shape[0], query.shape[1], key.shape[1], self.num_heads
+        mask = validation.mha_mask(mask, B, h, Lq, Lk)
+        q = self.q_norm(split_heads(self.q_proj(query), h))  # (B, h, Lq, d_head), each vector normalised
+        k = self.k_norm(split_heads(self.k_proj(key), h))  # (B, h, Lk, d_head)
+        v = split_heads(self.v_proj(value), h)
+        weights = attention_weights(q, k, mask)  # (B, h, Lq, Lk), scaled by 1/√d_head
+        return self.out_proj(merge_heads(weights @ v)), weights  # always returns the weights
 
 
 def train_partner(
@@ -110,6 +147,35 @@ def partner_loss(model: PartnerModel, tokens, colors, target) -> torch.Tensor:
 def accuracy(model: PartnerModel, tokens, colors, target) -> float:
     """Fraction of positions whose partner colour the model predicts."""
     return (model(tokens, colors).argmax(dim=-1) == target).float().mean().item()
+
+
+def learning_rate_control(
+    lrs, *, seeds=(0, 1, 2), steps: int = 30, solved: float = 0.85, saturated: float = 0.05, generator_seed: int = 123
+) -> dict:
+    """Train the partner model with and without QK-norm at each learning rate, once per seed
+    (``torch.manual_seed(seed)`` before each model: the two variants start from the same weights).
+
+    Returns ``{(lr, qk_norm): {"solved": n, "saturated": n, "runs": len(seeds)}}``: how many runs
+    reached accuracy ≥ ``solved`` on a fixed evaluation batch, and how many ended with a head whose
+    normalised entropy is below ``saturated`` (a softmax that has gone one-hot). Counts against
+    thresholds, not digits: training at these rates is chaotic in its last bits.
+    """
+    from .diagnostics import report
+
+    tokens, colors, target = partner_batch(256, generator=torch.Generator().manual_seed(generator_seed))
+    table = {}
+    for lr in lrs:
+        for qk_norm in (False, True):
+            n_solved = n_saturated = 0
+            for seed in seeds:
+                torch.manual_seed(seed)
+                model = PartnerModel(qk_norm=qk_norm)
+                train_partner(model, steps=steps, lr=lr, progress=False)
+                n_solved += accuracy(model, tokens, colors, target) >= solved
+                entropy = report(model.encoder, model.embed(tokens, colors).detach()).entropy
+                n_saturated += any(bool((e < saturated).any()) for e in entropy.values())
+            table[lr, qk_norm] = {"solved": int(n_solved), "saturated": int(n_saturated), "runs": len(seeds)}
+    return table
 
 
 # ---------------------------------------------------------------------------------------------

@@ -56,6 +56,10 @@ def test_sink_softmax_accepts_correct_variants(fn):
             lambda s, k: torch.cat([s, k[0].expand(*s.shape[:-1], 1)], dim=-1).softmax(-1)[..., :-1],
             "first head's sink",
         ),
+        (
+            lambda s, k: s.exp() / (s.exp().sum(-1, keepdim=True) + k.exp()[:, None, None]),
+            "exp(100) overflows float32",
+        ),
     ],
 )
 def test_sink_softmax_names_mistakes(fn, words):

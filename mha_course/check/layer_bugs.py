@@ -68,6 +68,8 @@ def _name_mistake(answers: list[tuple[str, str]]) -> str | None:
     """The mistake a pattern of (expected, given) answers points to, by name."""
     wrong = {(e, g) for e, g in answers if e != g}
     given = {g for _, g in answers}
+    if given == {"leak"}:  # every layer "leaks": the probes ran without the mask the layer was meant to get
+        return "unmasked call"
     if len(given) == 1:
         return "constant"
     if ("uniform", "identical heads") in wrong:
@@ -121,7 +123,7 @@ def find_bug(fn) -> CheckResult:
     return CheckResult(False, f"{NAME}: the layer of case {first + 1} has {expected!r}, you said {given!r}", details)
 
 
-def _wrong(*, order=("nan", "leak", "uniform", "identical heads"), threshold=0.99, empty_row=True):
+def _wrong(*, order=("nan", "leak", "uniform", "identical heads"), threshold=0.99, empty_row=True, masked=True):
     """A find_bug that runs the checks in ``order`` with the given entropy threshold: the right one
     with the defaults, else one of the known mistakes (the tests and the instructor guide use them)."""
 
@@ -133,6 +135,8 @@ def _wrong(*, order=("nan", "leak", "uniform", "identical heads"), threshold=0.9
         probe = causal.clone()
         if empty_row:
             probe[3] = False  # query 3 may read nothing
+        if not masked:  # the mistake: the layer called without any mask
+            probe = causal = None
         with torch.no_grad():
             out, _ = layer(x, mask=probe)
             x2 = x.clone()
@@ -160,6 +164,7 @@ FIND_BUG_MISTAKES = [
         "no empty row": _wrong(empty_row=False),
         "no causal probe": _wrong(order=("nan", "uniform", "identical heads")),
         "tight thresholds": _wrong(threshold=0.3),
+        "unmasked call": _wrong(masked=False),
         "constant": lambda layer: "healthy",
     }.items()
 ]

@@ -21,6 +21,12 @@ def _with_sink(scores, sinks):
     return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)
 
 
+def _without_max(scores, sinks):
+    """exp of the raw scores: exact for small scores, inf/inf = NaN once a score passes ~88 in float32."""
+    e, e_sink = torch.exp(scores), torch.exp(sinks.to(scores.dtype))[:, None, None]
+    return e / (e.sum(dim=-1, keepdim=True) + e_sink)
+
+
 def _reference(scores, sinks):
     return _with_sink(scores, sinks[:, None, None])[..., :-1]
 
@@ -32,6 +38,7 @@ SINK_SOFTMAX_MISTAKES = mistakes(
         "wrong column dropped": lambda scores, sinks: _with_sink(scores, sinks[:, None, None])[..., 1:],
         "sink per query": lambda scores, sinks: _with_sink(scores, sinks[:, None])[..., :-1],
         "one sink for all heads": lambda scores, sinks: _with_sink(scores, sinks[0])[..., :-1],
+        "no max subtracted": _without_max,
     },
 )
 
@@ -59,6 +66,11 @@ def sink_softmax(fn) -> CheckResult:
         ),
         (scores(2, 2, 5, 5, spread=8.0, causal=True), torch.tensor([2.5, 0.0]), "large scores"),
         (scores(1, 2, 1, 7, causal=True), torch.tensor([0.0, 1.0]), "one query (decoding)"),
+        (
+            100.0 + scores(1, 2, 3, 4),
+            torch.tensor([99.0, 101.0]),
+            "scores and sinks near 100, as a trained model's can be",
+        ),
     ]
     cases = [Case((s, k), description=text) for s, k, text in specs]
     return run_check(

@@ -259,3 +259,17 @@ def test_tiny_model_with_sinks_learns_its_sink_logits():
         float(lesson.attention_shares(plain, tokens, window=8, from_position=12)["the learned sink"].abs().max())
         < 1e-12
     )
+
+
+def test_uniform_bos_share_is_what_a_uniform_head_gives():
+    model = lesson.train_tiny_lm(seed=3, steps=1, batch_size=8)
+    with torch.no_grad():  # queries 0: every score equal, every row uniform over its allowed keys
+        for layer in model.layers:
+            layer.self_attn.q_proj.weight.zero_()
+            if layer.self_attn.q_proj.bias is not None:
+                layer.self_attn.q_proj.bias.zero_()
+    tokens = lesson.sample_sequences(lesson.markov_table(), 6, seed=1)
+    shares = lesson.attention_shares(model, tokens, window=8, from_position=12)["the BOS token"]
+    expected = sum(1 / (t + 1) for t in range(12, tokens.shape[1] - 1)) / (tokens.shape[1] - 1 - 12)
+    assert lesson.uniform_bos_share(tokens.shape[1] - 1, from_position=12) == pytest.approx(expected, rel=1e-12)
+    torch.testing.assert_close(shares, torch.full_like(shares, expected))

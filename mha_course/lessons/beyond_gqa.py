@@ -228,6 +228,14 @@ def attention_shares(model: TinyLM, tokens, *, window: int, from_position: int) 
     }
 
 
+def uniform_bos_share(seq_len: int, *, from_position: int) -> float:
+    """The BOS share :func:`attention_shares` would report for a head that attends uniformly:
+    a query at position t spreads its weight over t + 1 keys, so BOS gets 1/(t + 1), averaged over
+    the queries ``from_position`` … ``seq_len − 1`` (the baseline a parked share is measured against)."""
+    t = torch.arange(from_position, seq_len, dtype=torch.float64)
+    return (1 / (t + 1)).mean().item()
+
+
 # ---------------------------------------------------------------------------------------------
 # figures
 

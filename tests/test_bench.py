@@ -242,7 +242,8 @@ def test_plot_draws_one_line_per_implementation_over_lengths(report):
     fig = benchmark.plot(report, batch=2, causal=True)
     ax1, ax2 = fig.axes
     assert [line.get_label() for line in ax1.lines][-1] == "nn.MultiheadAttention"  # the line at 1
-    assert len(ax1.lines) == 7 + 1 and len(ax2.lines) == len(benchmark.IMPLEMENTATIONS)  # + the 2 references
+    assert [line.get_label() for line in ax2.lines][-1].startswith("100%")  # the plain matmul's rate
+    assert len(ax1.lines) == 7 + 1 and len(ax2.lines) == len(benchmark.IMPLEMENTATIONS) + 1  # + the 2 references
     assert [list(line.get_xdata()) for line in ax2.lines][0] == [12, 24]
     assert "B=2" in fig._suptitle.get_text() and "causal" in fig._suptitle.get_text()
     assert ax1.get_xlabel() == "sequence length L" and "matmul" in ax2.get_ylabel()

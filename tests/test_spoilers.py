@@ -25,6 +25,9 @@ import pytest
 
 from authoring import notebooks as notebook_tools
 from mha_course.kit import course_map, predict
+from tests.test_assessments import _contains as contains
+from tests.test_assessments import _output_text
+from tests.test_assessments import _tokens as tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = notebook_tools.numbered_notebooks()
@@ -45,32 +48,13 @@ KNOWN_SPOILERS: dict[tuple[str, str], str] = {
 }
 
 
-def tokens(text: str) -> list[str]:
-    """Words and numbers, lower case, in order (as tests/test_assessments.py reads them)."""
-    return re.findall(r"\d+(?:[.,]\d+)*|[^\W\d_]+", text.lower().replace("·", " "))
-
-
-def contains(haystack: list[str], needle: list[str]) -> bool:
-    n = len(needle)
-    return n > 0 and any(haystack[i : i + n] == needle for i in range(len(haystack) - n + 1))
-
-
 def _cells(path: Path) -> list[dict]:
     return json.loads(path.read_text(encoding="utf-8"))["cells"]
 
 
 def _text(cell: dict) -> str:
     """What a learner reads of a cell: Markdown source, or a code cell's stored text outputs."""
-    if cell["cell_type"] == "markdown":
-        return "".join(cell["source"])
-    parts = []
-    for out in cell.get("outputs", []):
-        if out.get("output_type") == "stream":
-            parts.append("".join(out.get("text", "")))
-        for kind in ("text/plain", "text/markdown"):
-            if kind in out.get("data", {}):
-                parts.append("".join(out["data"][kind]))
-    return "\n".join(parts)
+    return "".join(cell["source"]) if cell["cell_type"] == "markdown" else _output_text(cell)
 
 
 def _prompts() -> list[tuple[Path, int, str, str]]:

@@ -15,7 +15,8 @@ NOTEBOOKS: list[tuple[str, str, str]] = [
     (
         "01_single_head_attention",
         "Single-head attention",
-        "Q/K/V as a soft dictionary lookup (the address book); why divide by √d_k; what if one query asks two questions?",
+        "Q/K/V as a soft dictionary lookup (the address book); why divide by √d_k; "
+        "what if one query asks two questions?",
     ),
     (
         "02_multi_head_attention",
@@ -60,7 +61,8 @@ NOTEBOOKS: list[tuple[str, str, str]] = [
     (
         "10_transformer_block",
         "The transformer block",
-        "An encoder block = nn.TransformerEncoderLayer; pre-norm vs post-norm measured; what does a block make of word order?",
+        "An encoder block = nn.TransformerEncoderLayer; pre-norm vs post-norm measured; "
+        "what does a block make of word order?",
     ),
     (
         "11_positions_and_rope",

@@ -15,27 +15,28 @@ NOTEBOOKS: list[tuple[str, str, str]] = [
     (
         "01_single_head_attention",
         "Single-head attention",
-        "Q/K/V as a soft dictionary lookup (the address book); why divide by √d_k; one query asks one question.",
+        "Q/K/V as a soft dictionary lookup (the address book); why divide by √d_k; "
+        "what if one query asks two questions?",
     ),
     (
         "02_multi_head_attention",
         "Multi-head attention",
-        "Two questions → two heads; heads see the whole sequence; the looped implementation = PyTorch's.",
+        "Two questions → two heads; which tokens does each head read? The looped implementation = PyTorch's.",
     ),
     (
         "03_parameter_and_compute_accounting",
         "Parameters and compute",
-        "4·d² parameters whatever h is; FLOPs 8·B·L·d² + 4·B·L²·d; real models from their configs.",
+        "Parameters, FLOPs and memory counted as h changes; real models from their configs.",
     ),
     (
         "04_batched_implementation",
         "The batched implementation",
-        "h small matrices = one big one; split/merge heads (and the wrong reshape); nn.MultiheadAttention interop.",
+        "h small matrices = one big one; which reshape splits the heads? nn.MultiheadAttention interop.",
     ),
     (
         "05_masks_and_cross_attention",
         "Masks and cross-attention",
-        "Padding and causal masks across APIs; fully masked rows; leakage test; encoder–decoder attention.",
+        "Padding and causal masks across APIs; a row with no allowed key; leakage test; encoder–decoder attention.",
     ),
     (
         "06_gqa_mqa_and_kv_cache",
@@ -60,7 +61,8 @@ NOTEBOOKS: list[tuple[str, str, str]] = [
     (
         "10_transformer_block",
         "The transformer block",
-        "An encoder block = nn.TransformerEncoderLayer; pre-norm vs post-norm measured; attention cannot see order.",
+        "An encoder block = nn.TransformerEncoderLayer; pre-norm vs post-norm measured; "
+        "what does a block make of word order?",
     ),
     (
         "11_positions_and_rope",

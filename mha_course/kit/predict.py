@@ -7,7 +7,9 @@ The questions of notebook NN live in ``mha_course/kit/predictions/NN.json``::
      "cache": {"question": "...", "unit": "GiB", "answer": 1.0,                   # a number
                "settled_by": {"cell": "cache_bytes(", "says": "1.00 GiB"}}}
 
-``answer`` is the index of the right option (0 = a) or the number; ``settled_by`` names the code
+``gives_away`` lists short phrases that would answer the question (tests/test_spoilers.py checks
+that none appears in README.md, the course map, an earlier notebook, or its own notebook above
+the prompt). ``answer`` is the index of the right option (0 = a) or the number; ``settled_by`` names the code
 cell after the prompt whose output settles the question (a substring of its source, ``cell``) and
 what that output says (a substring of its stored text, ``says``). The tests check that the cell
 exists, that its output says so, and that nothing above the prompt gives the answer away.
@@ -43,6 +45,9 @@ def validate(questions: dict) -> list[str]:
         elif options is not None and (len(options) < 2 or not all(isinstance(o, str) and o for o in options)):
             problems.append(f"{key}: needs at least 2 non-empty options")
         problems += _answer_problems(key, q)
+        gives_away = q.get("gives_away", [])
+        if not isinstance(gives_away, list) or not all(isinstance(g, str) and g.strip() for g in gives_away):
+            problems.append(f"{key}: 'gives_away' must be a list of non-empty phrases, got {gives_away!r}")
     return problems
 
 

@@ -66,3 +66,21 @@ def test_fisher_exact_equals_scipy(k1, n1, k2, n2):
 def test_bad_counts_are_named(call, error, words):
     with pytest.raises(error, match=words):
         call()
+
+
+def test_fisher_power_matches_a_simulation_and_holds_its_level():
+    import random
+
+    from mha_course.lessons import solve_rates as sr
+
+    rng, hits, trials = random.Random(0), 0, 4000
+    for _ in range(trials):  # draw two binomial samples of 20 runs, count how often the test says "supported"
+        k1 = sum(rng.random() < 0.7 for _ in range(20))
+        k2 = sum(rng.random() < 0.9 for _ in range(20))
+        hits += sr.fisher_exact(k1, 20, k2, 20) < 0.05
+    assert abs(sr.fisher_power(0.7, 0.9, 20) - hits / trials) < 0.03  # ≈ 0.24, a 3-σ band of the simulation
+    assert sr.fisher_power(0.5, 0.5, 20) <= 0.05  # no difference: the test rejects at most at its level
+    assert sr.fisher_power(0.05, 0.95, 20) > 0.99
+    assert sr.fisher_power(0.7, 0.9, 80) > sr.fisher_power(0.7, 0.9, 20)
+    with pytest.raises(ValueError, match="p1"):
+        sr.fisher_power(1.5, 0.5, 20)

@@ -12,6 +12,8 @@ runs support.
 * :func:`fisher_exact` — Fisher's exact test of "both configurations have the same solve rate",
   two-sided: the probability, given the total number of solved runs, of a split between the two
   configurations at most as likely as the one observed.
+* :func:`fisher_power` — how often that test, at n runs each, would call a true difference
+  between two rates supported: a "not supported" from a test of low power says little.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import math
 from statistics import NormalDist
 
-__all__ = ["wilson_interval", "fisher_exact"]
+__all__ = ["wilson_interval", "fisher_exact", "fisher_power"]
 
 
 def _counts(k: int, n: int) -> None:
@@ -55,3 +57,25 @@ def fisher_exact(k1: int, n1: int, k2: int, n2: int) -> float:
     observed = probability(k1)
     splits = range(max(0, total - n2), min(n1, total) + 1)
     return min(1.0, sum(p for p in map(probability, splits) if p <= observed * (1 + 1e-9)))
+
+
+def fisher_power(p1: float, p2: float, n: int, alpha: float = 0.05) -> float:
+    """The power of :func:`fisher_exact` at level ``alpha`` with ``n`` runs per configuration when the
+    true solve rates are ``p1`` and ``p2``: the probability, summed exactly over every pair of
+    outcomes (k1, k2) of two binomial samples, that the test gives p < alpha."""
+    for name, p in (("p1", p1), ("p2", p2)):
+        if not 0 <= p <= 1:
+            raise ValueError(f"{name} must be a rate in [0, 1], got {p}")
+    _counts(0, n)
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+
+    def binomial(k: int, p: float) -> float:
+        return math.comb(n, k) * p**k * (1 - p) ** (n - k)
+
+    return sum(
+        binomial(k1, p1) * binomial(k2, p2)
+        for k1 in range(n + 1)
+        for k2 in range(n + 1)
+        if fisher_exact(k1, n, k2, n) < alpha
+    )

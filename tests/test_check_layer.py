@@ -220,3 +220,13 @@ def test_the_leakage_stage_measures_the_learners_own_layer(monkeypatch):
     monkeypatch.setattr(layer_check, "_leakage", lambda cls: 0.25)  # as if only this stage saw a leak
     result = mc.check.multi_head_attention_layer(ByHand)
     assert not result.passed and "leakage test fails" in result.message and "2.50e-01" in result.message
+
+
+def test_the_check_is_deterministic_and_leaves_the_global_rng_alone():
+    torch.manual_seed(0)
+    before = torch.random.get_rng_state()
+    first = mc.check.multi_head_attention_layer(ByHand)
+    wrong = mc.check.multi_head_attention_layer(_layer_with(inverted=True))
+    assert torch.equal(before, torch.random.get_rng_state())
+    assert repr(first) == repr(mc.check.multi_head_attention_layer(ByHand))
+    assert repr(wrong) == repr(mc.check.multi_head_attention_layer(_layer_with(inverted=True)))

@@ -9,6 +9,8 @@ What a build does to each solution notebook ``notebooks/NN_*.ipynb`` (see docs/a
   ``raise NotImplementedError("Exercise N.M: your code here — mc.hint("N.M") gives a hint, ...")``,
   indented like the BEGIN line (N: the notebook's number without the leading zero; M: 1, 2, … in
   the notebook's order); the hints themselves are ladders in ``mha_course/kit/hints/NN.json``;
+  regions in the methods of one class (``__init__`` and ``forward`` of a module the learner
+  writes) are one exercise, named after the class;
 * cells tagged ``solution`` are removed;
 * changed code cells lose their outputs and execution counts, and so does every cell that calls a
   checker (a stored ✅ would tell a learner the exercise is done); other cells keep theirs;
@@ -51,6 +53,7 @@ LINE_LENGTH = 120  # the project's ruff line length: longer raise lines are wrap
 _BEGIN = re.compile(r"^(?P<indent>[ \t]*)### BEGIN SOLUTION\b(?P<rest>.*)$")
 _END = re.compile(r"^[ \t]*### END SOLUTION\b")
 _DEF = re.compile(r"^(?P<indent>[ \t]*)(?:async\s+)?def\s+(?P<name>\w+)\s*\(")
+_CLASS = re.compile(r"^(?P<indent>[ \t]*)class\s+(?P<name>\w+)\b")
 _CHECK = re.compile(r"\bmc\.check\.(?P<name>\w+)\s*\(")
 _LINK = re.compile(r"(\]\()(?P<target>[^)\s]+)(\))")
 
@@ -140,21 +143,32 @@ def strip_solutions(source: str, *, notebook: str, cell: int, first_number: int 
                     f"{where}: line {lineno}: a solution region at the top level of the cell — the "
                     "student edition's raise would stop the notebook; put the region inside a function"
                 )
-            function = None
-            for previous in reversed(out):
+            function, owner = None, None
+            for at, previous in enumerate(reversed(out)):
                 d = _DEF.match(previous)
                 if d and len(d.group("indent")) < len(begin.group("indent")):
                     function = d.group("name")
+                    for earlier in reversed(out[: len(out) - at - 1]):  # a method: its class names it
+                        c = _CLASS.match(earlier)
+                        if c and len(c.group("indent")) < len(d.group("indent")):
+                            function = owner = c.group("name")
+                            break
                     break
-            region = {"indent": begin.group("indent"), "function": function, "body": []}
+            region = {"indent": begin.group("indent"), "function": function, "owner": owner, "body": []}
         elif end:
             if region is None:
                 raise SolutionMarkupError(
                     f"{_where(notebook, cell, source)}: line {lineno}: END SOLUTION without a BEGIN SOLUTION"
                 )
-            number = f"{n}.{first_number + len(exercises)}"
-            out += raise_lines(region["indent"], exercise_message(number))
-            exercises.append(Exercise(number, notebook, cell, region["function"], None, tuple(region["body"])))
+            last = exercises[-1] if exercises else None
+            if region["owner"] and last is not None and last.function == region["owner"]:
+                # another method of the same class: one exercise, the class, written in parts
+                out += raise_lines(region["indent"], exercise_message(last.number))
+                exercises[-1] = dataclasses.replace(last, solution=last.solution + tuple(region["body"]))
+            else:
+                number = f"{n}.{first_number + len(exercises)}"
+                out += raise_lines(region["indent"], exercise_message(number))
+                exercises.append(Exercise(number, notebook, cell, region["function"], None, tuple(region["body"])))
             region = None
         elif region is not None:
             region["body"].append(line)

@@ -138,9 +138,7 @@ def make_query(magnitude):
     return fn
 
 
-def test_check_accepts_correct_queries_of_any_form():
-    assert mc.check.address_book_query(make_query(12.0)).passed
-
+def test_check_accepts_correct_queries_of_any_form_within_the_limit():
     def signed(person, attribute):  # also says what it does NOT want
         q = -6 * torch.ones(4)
         q[FEATURE[person]] = 6
@@ -148,6 +146,22 @@ def test_check_accepts_correct_queries_of_any_form():
         return q
 
     assert mc.check.address_book_query(signed).passed
+
+    def against_rivals(person, attribute):  # negative only on the features of the two rival records
+        q = torch.zeros(4)
+        q[FEATURE[person]] = q[FEATURE[attribute]] = 6.0
+        q[1 - FEATURE[person]] = -6.0  # the other person
+        q[5 - FEATURE[attribute]] = -5.0  # the other attribute
+        return q
+
+    result = mc.check.address_book_query(against_rivals)
+    assert result.passed, result
+
+
+def test_check_rejects_a_louder_query_beyond_the_limit():
+    # [12, 0, 12, 0] finds its record with weight 0.995, but only by being louder than section 3's
+    result = mc.check.address_book_query(make_query(12.0))
+    assert not result.passed and "entry of size 12" in result.message and "between -6 and 6" in result.message
 
 
 def test_check_diagnoses_a_timid_query():

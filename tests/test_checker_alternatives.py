@@ -62,17 +62,17 @@ def _sdpa_exp_by_hand(q, k, v, mask=None):
 
 def _query_big_numbers(person, attribute):
     features = address_book.KEY_FEATURES
-    q = torch.full((4,), -5.0)
-    q[features.index(f"about {person}")] = 10.0
-    q[features.index(f"is {attribute}")] = 10.0
+    q = torch.full((4,), -6.0)
+    q[features.index(f"about {person}")] = 6.0
+    q[features.index(f"is {attribute}")] = 5.5
     return q
 
 
 def _query_by_table(person, attribute):
     table = {
-        ("Zhang San", "address"): [8.0, -8.0, 8.0, -8.0],
-        ("Zhang San", "phone"): [8.0, -8.0, -8.0, 8.0],
-        ("Li Si", "address"): [-8.0, 8.0, 8.0, -8.0],
+        ("Zhang San", "address"): [6.0, -6.0, 6.0, -6.0],
+        ("Zhang San", "phone"): [6.0, -6.0, -6.0, 6.0],
+        ("Li Si", "address"): [-6.0, 6.0, 6.0, -6.0],
     }
     return torch.tensor(table[person, attribute])
 

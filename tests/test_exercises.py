@@ -35,7 +35,9 @@ def spoilers(exercises, notebooks) -> list[str]:
     for e in exercises:
         if not e.function:
             continue
-        define = re.compile(rf"^[ \t]*(?:async\s+)?def\s+{re.escape(e.function)}\s*\(", re.M)
+        define = re.compile(
+            rf"^[ \t]*(?:(?:async\s+)?def\s+{re.escape(e.function)}\s*\(|class\s+{re.escape(e.function)}\b)", re.M
+        )
         show = re.compile(rf"getsource\([^)]*\b{re.escape(e.function)}\b")
         for path in notebooks:
             for index, source in _code_cells(path):

@@ -27,6 +27,7 @@ from .head_budget import attention_flops_split
 from .head_importance import gradient_importance
 from .heads import merge_heads, split_heads
 from .kv_cache import write_kv
+from .layer import multi_head_attention_layer
 from .layer_bugs import find_bug
 from .leakage import leaks_future
 from .masks import causal_mask, padding_mask
@@ -56,6 +57,7 @@ CHECKERS = {
         padding_mask,
         to_torch_masks,
         leaks_future,
+        multi_head_attention_layer,
         cross_attention,
         repeat_kv,
         kv_cache_bytes,

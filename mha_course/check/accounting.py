@@ -28,6 +28,8 @@ def _params_variant(d, h, h_kv=None, bias=True, *, how):
         return _params(d, h, None, bias)
     if how == "no W_O":
         return d * q + 2 * d * kv + ((q + 2 * kv) if bias else 0)
+    if how == "no W_O bias":
+        return d * q + 2 * d * kv + q * d + ((q + 2 * kv) if bias else 0)
     if how == "h full heads":
         return h * _params(d, h, h_kv, bias)
     if how == "full-width biases":
@@ -47,6 +49,7 @@ COUNT_ATTENTION_PARAMS_MISTAKES = mistakes(
         "no bias": _pv("no bias"),
         "no gqa": _pv("no gqa"),
         "no W_O": _pv("no W_O"),
+        "no W_O bias": _pv("no W_O bias"),
         "h full heads": _pv("h full heads"),
         "full-width biases": _pv("full-width biases"),
         "bias always": _pv("bias always"),

@@ -12,12 +12,14 @@ __all__ = ["address_book_query"]
 #: (person, attribute, index of the record that answers it in address_book.RECORDS)
 QUESTIONS = (("Zhang San", "address", 0), ("Zhang San", "phone", 1), ("Li Si", "address", 2))
 THRESHOLD = 0.99
+LIMIT = 6.0  #: every entry of the query stays in [-LIMIT, LIMIT], the size of section 3's queries
 
 
 def address_book_query(fn) -> CheckResult:
-    """Check ``fn(person, attribute) -> q``: a float tensor (4,) over ``address_book.KEY_FEATURES`` whose
-    scaled lookup in the address book puts weight >= THRESHOLD (0.99) on the record that answers the question,
-    for each of the three records. Any such query passes (it need not be non-negative or unique)."""
+    """Check ``fn(person, attribute) -> q``: a float tensor (4,) over ``address_book.KEY_FEATURES``, every
+    entry between -LIMIT and LIMIT (-6 and 6), whose scaled lookup in the address book puts weight >=
+    THRESHOLD (0.99) on the record that answers the question, for each of the three records. Any such
+    query passes (it need not be unique)."""
     name = "address_book_query"
     if not callable(fn):
         return CheckResult(False, f"{name}: expected your function, got {type_name(fn)} — pass the function itself")
@@ -36,6 +38,14 @@ def address_book_query(fn) -> CheckResult:
         problem = _shape_problem(q)
         if problem:
             return CheckResult(False, f"{name}: {problem} ({where})", call)
+        largest = q.detach().abs().max().item()
+        if largest > LIMIT + 1e-6:
+            return CheckResult(
+                False,
+                f"{name}: your query has an entry of size {largest:g}; keep every entry between -{LIMIT:g} "
+                f"and {LIMIT:g} — a louder query is not the point here: find another way to widen the gap ({where})",
+                f"{call} returned q = {_fmt(q)}",
+            )
         weights = address_book.lookup(q.detach().float().cpu()).weights
         lowest = min(lowest, weights[target].item())
         diagnosis = _diagnose(weights, target)
@@ -46,7 +56,7 @@ def address_book_query(fn) -> CheckResult:
     return CheckResult(
         True,
         f"{name}: each of the {len(QUESTIONS)} questions finds its record "
-        f"with weight >= {THRESHOLD} (lowest {lowest:.3f})",
+        f"with weight >= {THRESHOLD} (lowest {lowest:.3f}), every entry within ±{LIMIT:g}",
     )
 
 
@@ -86,7 +96,7 @@ def _diagnose(weights: torch.Tensor, target: int) -> str | None:
         return (
             f"the query points at the right record '{want}' but only with weight {w[target]:.3f} "
             f"< {THRESHOLD}: make it more decisive — widen the gap between its score and the others' (the softmax "
-            f"sharpens as the gaps between scores grow)"
+            f"sharpens as the gaps between scores grow), within entries of size {LIMIT:g}"
         )
     return None
 

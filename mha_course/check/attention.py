@@ -65,6 +65,7 @@ SCALED_DOT_PRODUCT_ATTENTION_MISTAKES = mistakes(
     {
         "no scale": lambda q, k, v, m=None: _sdpa_variant(q, k, v, m, scale=1.0),
         "scaled by d_k": lambda q, k, v, m=None: _sdpa_variant(q, k, v, m, scale=1 / q.shape[-1]),
+        "scaled by √d_v": lambda q, k, v, m=None: _sdpa_variant(q, k, v, m, scale=1 / math.sqrt(v.shape[-1])),
         "softmax dim -2": lambda q, k, v, m=None: _sdpa_variant(q, k, v, m, dim=-2),
         "swapped": lambda q, k, v, m=None: _sdpa_variant(q, k, v, m)[::-1],
         "no V": lambda q, k, v, m=None: (_sdpa_variant(q, k, v, m)[1],) * 2,
@@ -112,7 +113,8 @@ def _mha_variant(
     """Multi-head attention (x @ w, head i owns column block i) with one deliberate change.
 
     split: ok | notranspose (view(B, h, L, d_head)) | interleaved (view(B, L, d_head, h)) | none (one head)
-    merge: ok | notranspose | interleaved | reversed
+    merge: ok | notranspose | interleaved | reversed | block (head i into column block i, even after a
+    strided split)
     scale: head (√d_head) | model (√d_model) | none
     """
     B, L, d = x.shape
@@ -137,6 +139,8 @@ def _mha_variant(
         o = o[:, 0]
     elif merge == "notranspose":
         o = o.reshape(B, L, d)
+    elif merge == "block":  # head i's output into column block i, whatever its split
+        o = o.transpose(1, 2).reshape(B, L, d)
     elif merge == "interleaved" or (merge == "ok" and split == "interleaved"):
         o = o.permute(0, 2, 3, 1).reshape(B, L, d)
     elif merge == "reversed":
@@ -187,6 +191,7 @@ MULTI_HEAD_ATTENTION_MISTAKES = mistakes(
         "merge reversed": _mv(merge="reversed"),
         "merge interleaved": _mv(merge="interleaved"),
         "split interleaved": _mv(split="interleaved"),
+        "split strided": _mv(split="interleaved", merge="block"),
         "x @ w.T": _mv(transposed=True),
     },
 )

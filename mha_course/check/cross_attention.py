@@ -82,6 +82,11 @@ def _scale_d_model(target, source, lengths, w_q, w_k, w_v):
     return _attend(target @ w_q, source @ w_k, source @ w_v, keep, scale=1 / math.sqrt(target.shape[-1]))
 
 
+def _scale_d_v(target, source, lengths, w_q, w_k, w_v):
+    keep = _keep(lengths, source.shape[1])
+    return _attend(target @ w_q, source @ w_k, source @ w_v, keep, scale=1 / math.sqrt(w_v.shape[-1]))
+
+
 def _no_scale(target, source, lengths, w_q, w_k, w_v):
     return _attend(target @ w_q, source @ w_k, source @ w_v, _keep(lengths, source.shape[1]), scale=1.0)
 
@@ -96,6 +101,7 @@ CROSS_ATTENTION_MISTAKES = mistakes(
         "4-D mask": _four_d_mask,
         "query softmax": _query_softmax,
         "scale d_model": _scale_d_model,
+        "scale d_v": _scale_d_v,
         "no scale": _no_scale,
         # right values on fixed inputs, found only by training (stage 2): listed for its words
         "detached": lambda *args: tuple(t.detach() for t in _reference(*args)),

@@ -59,6 +59,12 @@ def _variant(q, k, v, num_heads, *, split="right", merge="right", scale=None):
     return merge_heads(out)
 
 
+#: a split of k and v that uses the queries' length: view cannot fit Lk positions into Lq, and raises
+WRONG_LENGTH = (
+    "the split of k and v uses the queries' length: k and v have Lk positions, which may differ from Lq — "
+    "take each tensor's own length (or let view infer it with -1)"
+)
+
 ATTEND_IN_HEADS_MISTAKES = mistakes(
     "attend_in_heads",
     {
@@ -81,7 +87,7 @@ def attend_in_heads(fn) -> CheckResult:
     for B, Lq, Lk, h, hd, text in _SHAPES:
         q, k, v = (torch.randn(B, L, h * hd, generator=g) for L in (Lq, Lk, Lk))
         cases.append(Case((q, k, v, h), description=text))
-    return run_check(
+    result = run_check(
         "attend_in_heads",
         fn,
         cases,
@@ -90,3 +96,7 @@ def attend_in_heads(fn) -> CheckResult:
         arg_names=("q", "k", "v", "num_heads"),
         output_label="output",
     )
+    wrong_length = "raised RuntimeError" in result.message and "invalid for input of size" in result.message
+    if wrong_length and ("Lk=" in result.message or "Lq > Lk" in result.message):
+        return CheckResult(False, f"attend_in_heads: likely mistake — {WRONG_LENGTH}", result.details)
+    return result

@@ -35,14 +35,6 @@ PREDICT_CALL = re.compile(r"""mc\.predict\(\s*["'](\d\d)["']\s*,\s*["']([\w-]+)[
 
 #: (notebook, prediction) -> where a phrase of its "gives_away" still stands before the prompt.
 KNOWN_SPOILERS: dict[tuple[str, str], str] = {
-    ("03", "params_vs_heads"): "02 cell 11 ('h narrow heads cost what one wide head costs') and "
-    "cell 64 ('h cancels', in the check-your-understanding answers) answer it",
-    ("04", "wrong_reshape"): "02 cell 52 (checkpoint 1: view(B, h, L, d_head) without a transpose "
-    "'deals consecutive tokens to heads') and 04 cell 17 (the heading 'The classic wrong reshape')",
-    ("05", "fully_masked_row"): "01 cell 40 ('a plain softmax of all −∞ is 0/0 = NaN') and cell 41 "
-    "(prints [nan, nan, nan]) show it",
-    ("10", "word_order"): "04 cell 73, the quiz's stored output, still holds the old quiz 04 Q2 "
-    "('attention is permutation-equivariant'); gone once notebook 04 is re-executed",
     ("14", "balance"): "14 cell 18 (the ring figure's takeaway: contiguous ranks compute 3, 7, 11 and "
     "15 chunk pairs, the balanced layout gives every rank 9)",
 }

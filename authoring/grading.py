@@ -39,7 +39,7 @@ from .student_edition import SOLUTION_TAG, Exercise, strip_solutions
 #: points of an exercise unless ``--points`` says otherwise (the instructor guide states them)
 DEFAULT_POINTS = 1
 SCHEMA_VERSION = 3
-_CHECK_LINE = re.compile(r"^mc\.check\.(?P<name>\w+)\s*\((?P<args>.*)\)\s*$")
+_CHECK_LINE = CHECK_LINE = re.compile(r"^mc\.check\.(?P<name>\w+)\s*\((?P<args>.*)\)\s*$", re.M)
 #: what nbgrader puts where a solution was (the course's checkers read NotImplementedError as "not attempted")
 CODE_STUB = "# your code here (mc.hint gives a hint, one step at a time)\nraise NotImplementedError()"
 

@@ -230,7 +230,8 @@ def student_notebook(nb, *, notebook: str, out_rel: str = "notebooks/student", s
                 new.metadata.pop("execution", None)
             if "setup" in tags:
                 new.metadata["nbgrader"] = grading.nbgrader_meta("setup", locked=True)
-            if found:  # nbgrader's layout: the learner's function, then the read-only check cell
+            if found and grading.CHECK_LINE.search(stripped):
+                # nbgrader's layout: the learner's function, then the read-only check cell
                 split = grading.split_exercise_cell(new, stripped, found, {}, notebook, graded=False)
                 cells += [_lock(c) for c in split]
                 continue

@@ -1,16 +1,21 @@
 """nbgrader for a class: the course's exercises as an nbgrader course, from the same source.
 
-    python -m authoring nbgrader COURSE_DIR [NOTEBOOK ...] [--points N.M=P ...]
+    python3 course.py class nbgrader COURSE_DIR [NOTEBOOK ...] [--points N.M=P ...] [--no-release]
+    python3 course.py class autograde COURSE_DIR NN_topic [NBGRADER OPTIONS]
+    python3 course.py class feedback COURSE_DIR NN_topic [NBGRADER OPTIONS]
 
-writes an nbgrader course directory: ``COURSE_DIR/nbgrader_config.py`` and, per numbered notebook
-(default: all), ``COURSE_DIR/source/NN_topic/NN_topic.ipynb``. Then, in COURSE_DIR::
-
-    nbgrader generate_assignment NN_topic      # the release learners get (solutions removed)
-    nbgrader autograde NN_topic --create       # grade submitted/<learner>/NN_topic/NN_topic.ipynb
-    nbgrader generate_feedback NN_topic        # feedback/<learner>/NN_topic/NN_topic.html
+(``python -m authoring nbgrader|autograde|feedback`` inside the course's environment is the same.)
+``nbgrader`` writes an nbgrader course directory: ``COURSE_DIR/nbgrader_config.py`` and, per
+numbered notebook (default: all), ``COURSE_DIR/source/NN_topic/NN_topic.ipynb``, then runs
+``nbgrader generate_assignment`` for each (the release and the gradebook). ``autograde`` grades
+``submitted/<learner>/NN_topic/NN_topic.ipynb`` and prints each learner's points, naming every
+submission that lacks nbgrader's cell metadata (nbgrader would score it 0 without a word);
+``feedback`` writes ``feedback/<learner>/NN_topic/NN_topic.html``. nbgrader runs with this
+interpreter's bin folder on PATH (it starts ``alembic`` and the kernels by name).
 
 The source notebook is the solved notebook with nbgrader's cell metadata added, so the student
-edition (``python -m authoring student-edition``) and nbgrader's release come from one file:
+edition (``python -m authoring student-edition``, which carries the same cell metadata, so a
+notebook saved from it is a submission) and nbgrader's release come from one file:
 
 * each exercise cell becomes two cells: the learner's function (an nbgrader *solution* cell: its
   ``### BEGIN SOLUTION`` … ``### END SOLUTION`` region is what nbgrader clears) and, after it, a

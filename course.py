@@ -59,7 +59,11 @@ FAST = ["tests", "-m", "not slow and not browser"]
 
 
 class SetupError(Exception):
-    """A step of the set-up failed; its message is the one line course.py prints before exiting."""
+    """A step of the set-up failed: ``what`` (one short line naming what failed) and the remedies,
+    which course.py prints on the lines after it before exiting."""
+
+    def __init__(self, what: str, *remedies: str):
+        super().__init__("\n".join([what, *(f"  - {remedy}" for remedy in remedies)]))
 
 
 def installed_torch() -> str | None:
@@ -125,8 +129,8 @@ def pip_install(args: list[str], what: str) -> None:
     returncode = subprocess.run(cmd, cwd=ROOT).returncode
     if returncode != 0:
         raise SetupError(
-            f"installing {what} into .venv/ failed (pip exited with {returncode}; its messages are above): "
-            "fix what pip names there, then run the same command again"
+            f"installing {what} into .venv/ failed (pip exited with {returncode})",
+            "fix what pip names in its messages above, then run the same command again",
         )
 
 
@@ -134,10 +138,12 @@ def check_cpu_index() -> None:
     why = None if no_index() else unreachable(CPU_INDEX)
     if why:
         raise SetupError(
-            f"PyTorch's CPU-only index {CPU_INDEX} cannot be reached ({why}), so nothing was installed: "
-            "check the network or proxy (HTTPS_PROXY), or run again without --cpu-torch (torch then comes "
-            "from PyPI or PIP_INDEX_URL: on Linux the 3-4 GB CUDA build), or install torch into .venv/ "
-            f"yourself ({PY} -m pip install torch, from a wheel or an index that answers) and run again"
+            f"PyTorch's CPU-only index {CPU_INDEX} cannot be reached ({why}); nothing was installed",
+            "check the network or the proxy (HTTPS_PROXY), then run the same command again",
+            "or run again without --cpu-torch (torch then comes from PyPI or PIP_INDEX_URL: on Linux the "
+            "3-4 GB CUDA build)",
+            f"or install torch into .venv/ yourself ({PY} -m pip install torch, from a wheel or an index "
+            "that answers) and run again",
         )
 
 
@@ -148,9 +154,10 @@ def check_requirements_index() -> None:
     why = unreachable(url)
     if why:
         raise SetupError(
-            f"the package index {url} ({origin}) cannot be reached ({why}), so nothing was installed: "
-            "check the network or proxy (HTTPS_PROXY), or point PIP_INDEX_URL at an index that answers "
-            "(a mirror, or a local wheelhouse served with python3 -m http.server) and run again"
+            f"the package index {url} ({origin}) cannot be reached ({why}); nothing was installed",
+            "check the network or the proxy (HTTPS_PROXY), then run the same command again",
+            "or point PIP_INDEX_URL at an index that answers (a mirror, or a local wheelhouse served with "
+            "python3 -m http.server) and run again",
         )
 
 
@@ -163,8 +170,8 @@ def ensure_environment(*, cpu_torch: bool = False) -> None:
             venv.EnvBuilder(with_pip=True).create(VENV)
         except (OSError, subprocess.CalledProcessError) as error:
             raise SetupError(
-                f"creating {VENV} failed ({error}); on Debian/Ubuntu install the python3-venv package, "
-                f"then remove {VENV} and run again"
+                f"creating {VENV} failed ({error})",
+                f"on Debian/Ubuntu install the python3-venv package, then remove {VENV} and run again",
             ) from None
     torch = installed_torch()
     if cpu_torch and torch is None:

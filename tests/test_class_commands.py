@@ -99,3 +99,64 @@ def test_the_docs_give_the_class_commands_that_need_no_activated_environment(cou
     assert not stale, f"{doc} still gives commands that need the environment activated: {stale}"
     assert not re.search(r"^nbgrader (?:generate_assignment|autograde|generate_feedback)", generated, re.M), doc
     assert "pip install -e '.[nbgrader]'" not in generated, f"{doc}: pip as written installs into the system Python"
+
+
+def test_the_full_test_command_installs_both_extras_and_the_fast_one_neither(course, monkeypatch):
+    extras: list[str] = []
+    monkeypatch.setattr(course, "ensure_environment", lambda **_: None)
+    monkeypatch.setattr(course, "ensure_extra", extras.append)
+    ran: list[list[str]] = []
+    monkeypatch.setattr(course, "run_forwarding_signals", lambda cmd, env: ran.append(cmd) or 0)
+    assert course.main(["test", "-k", "masks"]) == 0
+    assert extras == ["site", "nbgrader"] and ran[-1][-3:] == ["pytest", "-k", "masks"]
+    extras.clear()
+    assert course.main(["test", "--fast"]) == 0
+    assert extras == [] and ran[-1][-len(course.FAST) :] == course.FAST
+    assert course.main(["test", "--slowest", "tests/test_masks.py"]) == 0
+    assert ran[-1][-3:] == ["authoring", "suite-times", "tests/test_masks.py"]
+
+
+def test_suite_times_reports_the_slowest_tests_of_a_run(tmp_path):
+    """The script on a tiny suite of its own: two tests that sleep 0.3 s and 0.1 s, one quick."""
+    (tmp_path / "test_tiny.py").write_text(
+        "import time\n\n"
+        "def test_slow():\n    time.sleep(0.3)\n\n"
+        "def test_medium():\n    time.sleep(0.1)\n\n"
+        "def test_quick():\n    pass\n",
+        encoding="utf-8",
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "authoring", "suite-times", "--top", "2", str(tmp_path / "test_tiny.py"), "-n", "0"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = out.stdout.split("\n3 tests in ", 1)[1].splitlines()
+    assert report[1] == "the 2 slowest:"
+    names = [line.split("  ")[-1] for line in report[2:4]]
+    assert [n.split("::")[-1] for n in names] == ["test_slow", "test_medium"], report
+    assert float(report[2].split()[0]) >= 0.3 and float(report[3].split()[0]) >= 0.1
+
+
+def test_the_progress_view_flags_where_checker_and_points_disagree():
+    from authoring import classroom
+
+    progress = classroom.Progress(
+        exercises=["1.1", "1.2"],
+        status={"ada": {"1.1": "passed", "1.2": "passed"}, "ben": {"1.1": "attempted", "1.2": "passed"}},
+        mistakes={"1.1": ["forgot to scale"]},
+        problems=[],
+        scores={"ada": (1.0, 2.0), "ben": (2.0, 2.0)},
+        grades={"ada": {"1.1": (1.0, 1.0), "1.2": (0.0, 1.0)}, "ben": {"1.1": (1.0, 1.0), "1.2": (1.0, 1.0)}},
+        ungraded={"ada": {"1.2"}},
+    )
+    assert progress.disagreements() == [
+        ("ada", "1.2", "the checker says passed, nbgrader gave 0/1 (its notebook lacks nbgrader's cell metadata)"),
+        ("ben", "1.1", "the checker says failed, nbgrader gave 1/1"),
+    ]
+    text = classroom.table_text(progress)
+    rows = {line.split()[0]: line.split()[1:] for line in text.splitlines() if line[:3] in ("ada", "ben")}
+    assert rows == {"ada": ["✅", "1/1", "✅", "0/1≠", "1/2"], "ben": ["❌", "1/1≠", "✅", "1/1", "2/2"]}
+    assert "disagree · ben, exercise 1.1: the checker says failed, nbgrader gave 1/1" in text

@@ -1,7 +1,9 @@
 """A class at a glance: hub links for every notebook, and where the room is stuck.
 
-    python -m authoring hub-links --hub https://hub.example.edu [--edition student|solved]
-    python -m authoring progress FOLDER [--figure progress.png] [--gradebook gradebook.db]
+    python3 course.py class hub-links --hub https://hub.example.edu [--edition student|solved]
+    python3 course.py class progress FOLDER [--figure progress.png] [--gradebook gradebook.db]
+
+(``python -m authoring hub-links|progress`` inside the course's environment is the same.)
 
 ``hub-links`` prints, per notebook, an nbgitpuller link (a JupyterHub with nbgitpuller clones or
 updates the course in the learner's home and opens the notebook) and the notebook's Colab link. The
@@ -12,9 +14,11 @@ repository comes from one place, ``[project.urls] Repository`` in ``pyproject.to
 ``<learner>-NN_topic.ipynb`` — and shows, per learner and exercise, whether the checker said
 passed (✅), attempted but not passed (❌) or not attempted (·), with the most common diagnosed mistake
 per exercise: a table in the terminal and, with ``--figure``, a heatmap. It reads the checkers'
-stored outputs, so learners save their notebooks after running them. ``--gradebook`` adds each
-learner's nbgrader score. A file that is not a readable notebook of this course is named and
-skipped; the others are still read.
+stored outputs, so learners save their notebooks after running them. ``--gradebook`` puts
+nbgrader's points beside each verdict and flags (``≠``, ``disagree · …``) where the two differ; a
+notebook without nbgrader's cell metadata, which nbgrader cannot grade, is named (``not gradable ·
+…``). A file that is not a readable notebook of this course is named and skipped; the others are
+still read.
 """
 
 from __future__ import annotations

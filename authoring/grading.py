@@ -232,6 +232,9 @@ def run_nbgrader(course_dir: Path, *args: str, capture: bool = False) -> subproc
     starts ``alembic`` and Jupyter kernels by name, from the PATH)."""
     bindir = str(Path(sys.executable).parent)
     env = dict(os.environ, PATH=os.pathsep.join([bindir, os.environ.get("PATH", "")]))
+    # nbgrader's own use of its database warns (SQLAlchemy's SAWarning) on every submission: noise
+    quiet = [os.environ.get("PYTHONWARNINGS", ""), "ignore::Warning:nbgrader.api"]
+    env["PYTHONWARNINGS"] = ",".join(w for w in quiet if w)
     return subprocess.run(
         [sys.executable, "-m", "nbgrader", *args], cwd=course_dir, env=env, capture_output=capture, text=True
     )
@@ -423,7 +426,7 @@ def main(argv: list[str]) -> int:
     )
     example = assignments[0] if assignments else "NN_topic"
     if args.no_release:
-        print(f"next: cd {args.course_dir} && nbgrader generate_assignment {example}")
+        print(f"next: python3 course.py class nbgrader {args.course_dir} (without --no-release) generates the releases")
         return 0
     if why := nbgrader_missing():
         print(f"the releases were not generated: {why}")

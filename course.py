@@ -2,14 +2,23 @@
 """One entry point for learners, instructors and CI (standard library only).
 
     python3 course.py lab [--cpu-torch] [JUPYTER ARGS]   install into .venv/ and open the course in JupyterLab
-    python3 course.py test [--cpu-torch] [PYTEST ARGS]   install into .venv/ and run the whole test suite
+    python3 course.py test [--cpu-torch] [PYTEST ARGS]   install into .venv/ (with the site and nbgrader
+                                                         extras) and run the whole test suite
     python3 course.py test --fast [PYTEST ARGS]          unit and checker tests only (no notebooks, browser, pip)
+    python3 course.py test --slowest [PYTEST ARGS]       the same tests, then the 20 slowest (suite-times)
     python3 course.py site [--cpu-torch] [OUT]           also the website's tools (an extra); build _site/
+    python3 course.py class COMMAND ...                  the class tools, in .venv/ (nbgrader installed on first use):
+        class nbgrader COURSE_DIR [NOTEBOOK ...]         an nbgrader course, its releases generated
+        class autograde COURSE_DIR ASSIGNMENT            grade the submissions, then each learner's score
+        class feedback COURSE_DIR ASSIGNMENT             nbgrader's feedback, one HTML file per learner
+        class progress FOLDER [--gradebook DB] [--figure PNG]   learners x exercises: where the room is stuck
+        class hub-links --hub URL                        an nbgitpuller and a Colab link per notebook
+    python3 course.py --help                             this text
 
-All three create the virtual environment .venv/ next to this file on first use and (re)install the
-requirements whenever requirements.txt or pyproject.toml change. Extra arguments go to JupyterLab
-(e.g. `python3 course.py lab --no-browser` on a remote machine) or to pytest (e.g.
-`python3 course.py test -k masks`).
+All of them create the virtual environment .venv/ next to this file on first use and (re)install the
+requirements whenever requirements.txt or pyproject.toml change; nothing needs activating. Extra
+arguments go to JupyterLab (e.g. `python3 course.py lab --no-browser` on a remote machine) or to
+pytest (e.g. `python3 course.py test -k masks`).
 
 PyTorch: pip's default torch on Linux is the CUDA build (about 3-4 GB with its NVIDIA libraries),
 whether or not the machine has a GPU. Without a GPU, `--cpu-torch` installs PyTorch's CPU-only
@@ -18,13 +27,15 @@ either build. An installed torch is never replaced.
 
 Before pip starts, course.py checks that the index it is about to use answers (PyTorch's CPU index,
 then PIP_INDEX_URL, pip's configured index or PyPI; none with PIP_NO_INDEX); if one does not, or
-pip fails, it ends with one line saying what failed and what to do, and a non-zero exit status.
+pip fails, it says on its first line what failed, gives the remedies on the lines below, and exits
+with a non-zero status.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -48,7 +59,11 @@ FAST = ["tests", "-m", "not slow and not browser"]
 
 
 class SetupError(Exception):
-    """A step of the set-up failed; its message is the one line course.py prints before exiting."""
+    """A step of the set-up failed: ``what`` (one short line naming what failed) and the remedies,
+    which course.py prints on the lines after it before exiting."""
+
+    def __init__(self, what: str, *remedies: str):
+        super().__init__("\n".join([what, *(f"  - {remedy}" for remedy in remedies)]))
 
 
 def installed_torch() -> str | None:
@@ -114,8 +129,8 @@ def pip_install(args: list[str], what: str) -> None:
     returncode = subprocess.run(cmd, cwd=ROOT).returncode
     if returncode != 0:
         raise SetupError(
-            f"installing {what} into .venv/ failed (pip exited with {returncode}; its messages are above): "
-            "fix what pip names there, then run the same command again"
+            f"installing {what} into .venv/ failed (pip exited with {returncode})",
+            "fix what pip names in its messages above, then run the same command again",
         )
 
 
@@ -123,10 +138,12 @@ def check_cpu_index() -> None:
     why = None if no_index() else unreachable(CPU_INDEX)
     if why:
         raise SetupError(
-            f"PyTorch's CPU-only index {CPU_INDEX} cannot be reached ({why}), so nothing was installed: "
-            "check the network or proxy (HTTPS_PROXY), or run again without --cpu-torch (torch then comes "
-            "from PyPI or PIP_INDEX_URL: on Linux the 3-4 GB CUDA build), or install torch into .venv/ "
-            f"yourself ({PY} -m pip install torch, from a wheel or an index that answers) and run again"
+            f"PyTorch's CPU-only index {CPU_INDEX} cannot be reached ({why}); nothing was installed",
+            "check the network or the proxy (HTTPS_PROXY), then run the same command again",
+            "or run again without --cpu-torch (torch then comes from PyPI or PIP_INDEX_URL: on Linux the "
+            "3-4 GB CUDA build)",
+            f"or install torch into .venv/ yourself ({PY} -m pip install torch, from a wheel or an index "
+            "that answers) and run again",
         )
 
 
@@ -137,9 +154,10 @@ def check_requirements_index() -> None:
     why = unreachable(url)
     if why:
         raise SetupError(
-            f"the package index {url} ({origin}) cannot be reached ({why}), so nothing was installed: "
-            "check the network or proxy (HTTPS_PROXY), or point PIP_INDEX_URL at an index that answers "
-            "(a mirror, or a local wheelhouse served with python3 -m http.server) and run again"
+            f"the package index {url} ({origin}) cannot be reached ({why}); nothing was installed",
+            "check the network or the proxy (HTTPS_PROXY), then run the same command again",
+            "or point PIP_INDEX_URL at an index that answers (a mirror, or a local wheelhouse served with "
+            "python3 -m http.server) and run again",
         )
 
 
@@ -152,8 +170,8 @@ def ensure_environment(*, cpu_torch: bool = False) -> None:
             venv.EnvBuilder(with_pip=True).create(VENV)
         except (OSError, subprocess.CalledProcessError) as error:
             raise SetupError(
-                f"creating {VENV} failed ({error}); on Debian/Ubuntu install the python3-venv package, "
-                f"then remove {VENV} and run again"
+                f"creating {VENV} failed ({error})",
+                f"on Debian/Ubuntu install the python3-venv package, then remove {VENV} and run again",
             ) from None
     torch = installed_torch()
     if cpu_torch and torch is None:
@@ -181,15 +199,46 @@ def ensure_environment(*, cpu_torch: bool = False) -> None:
     STAMP.write_text(digest)
 
 
-def ensure_site_tools() -> None:
-    """The optional `site` extra of pyproject.toml (Sphinx, MyST-NB ...), only for `site`."""
-    stamp = VENV / ".mha-course-site-installed"
+#: the extras of pyproject.toml that course.py installs: name -> what they are, for its messages
+EXTRAS = {
+    "site": "the course website's tools (the `site` extra)",
+    "nbgrader": "nbgrader, for grading a class (the `nbgrader` extra)",
+}
+
+
+def extra_requirements(extra: str) -> list[str]:
+    """The distribution names of one optional extra of pyproject.toml (e.g. ["nbgrader"])."""
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    m = re.search(rf"^{re.escape(extra)}\s*=\s*\[(?P<items>[^\]]*)\]", text, re.M)
+    if not m:
+        raise SetupError(f"pyproject.toml has no optional extra {extra!r}")
+    items = [item for item in m.group("items").split(",") if item.strip()]
+    return [re.match(r"\s*[\"']([A-Za-z0-9_.\-]+)", item).group(1) for item in items]
+
+
+def missing_distributions(names: list[str]) -> list[str]:
+    """Those of ``names`` that are not installed in .venv/."""
+    probe = (
+        "import sys, importlib.metadata as m\n"
+        "for n in sys.argv[1:]:\n"
+        "    try: m.version(n)\n"
+        "    except m.PackageNotFoundError: print(n)"
+    )
+    result = subprocess.run([str(PY), "-c", probe, *names], capture_output=True, text=True)
+    return result.stdout.split() if result.returncode == 0 else list(names)
+
+
+def ensure_extra(extra: str) -> None:
+    """An optional extra of pyproject.toml in .venv/, installed on first use (and again when
+    pyproject.toml changes, unless everything it names is installed already)."""
+    stamp = VENV / f".mha-course-{extra}-installed"
     digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
     if stamp.exists() and stamp.read_text() == digest:
         return
-    check_requirements_index()
-    print("installing the course website's tools (the `site` extra) into .venv/ ...", flush=True)
-    pip_install(["-e", f"{ROOT}[site]"], "the course website's tools (the `site` extra)")
+    if missing_distributions(extra_requirements(extra)):
+        check_requirements_index()
+        print(f"installing {EXTRAS[extra]} into .venv/ ...", flush=True)
+        pip_install(["-e", f"{ROOT}[{extra}]"], EXTRAS[extra])
     stamp.write_text(digest)
 
 
@@ -226,18 +275,61 @@ def run_forwarding_signals(cmd: list[str], env: dict) -> int:
             continue
 
 
+#: the commands of ``course.py`` (``--help`` lists each)
+COMMANDS = ("lab", "test", "site", "class")
+#: ``course.py class COMMAND``: the class tools of ``python -m authoring``, run in .venv/
+CLASS_COMMANDS = {
+    "nbgrader": "COURSE_DIR [NOTEBOOK ...]   an nbgrader course from the solved notebooks, releases generated",
+    "autograde": "COURSE_DIR ASSIGNMENT       grade submitted/<learner>/ASSIGNMENT/, then each learner's score",
+    "feedback": "COURSE_DIR ASSIGNMENT       nbgrader's feedback: feedback/<learner>/ASSIGNMENT/*.html",
+    "progress": "FOLDER [--gradebook DB] [--figure PNG]   learners x exercises, scores beside the checkers",
+    "hub-links": "--hub URL                   an nbgitpuller and a Colab link per notebook",
+}
+#: class commands that need nbgrader (progress only to read a gradebook)
+NEEDS_NBGRADER = ("nbgrader", "autograde", "feedback")
+
+
+def class_help() -> str:
+    lines = ["python3 course.py class COMMAND ...   (in .venv/; nothing to activate; nbgrader installed on first use)"]
+    lines += [f"  {name:<10} {what}" for name, what in CLASS_COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def class_command(rest: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The command and environment of ``course.py class REST``: ``python -m authoring REST`` in
+    .venv/, with .venv/bin first on PATH (nbgrader starts alembic and kernels by name) and this
+    checkout importable from any folder (paths in REST stay relative to the caller's folder)."""
+    env = dict(os.environ, PYTHONHASHSEED="0", VIRTUAL_ENV=str(VENV))
+    env["PATH"] = os.pathsep.join([str(BIN), os.environ.get("PATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p)
+    env.pop("PYTHONHOME", None)
+    return [str(PY), "-m", "authoring", *rest], env
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("lab", "test", "site"):
+    if argv and argv[0] in ("-h", "--help", "help"):
+        print(__doc__)
+        return 0
+    if not argv or argv[0] not in COMMANDS:
         print(__doc__)
         return 2
     command, rest = argv[0], argv[1:]
+    if command == "class" and (not rest or rest[0] not in CLASS_COMMANDS):
+        print(class_help())
+        return 0 if rest and rest[0] in ("-h", "--help", "help") else 2
     cpu_torch = "--cpu-torch" in rest
     fast = command == "test" and "--fast" in rest
-    rest = [a for a in rest if a not in ("--cpu-torch", "--fast")]
+    slowest = command == "test" and "--slowest" in rest
+    if command != "class":
+        rest = [a for a in rest if a not in ("--cpu-torch", "--fast", "--slowest")]
     try:
         ensure_environment(cpu_torch=cpu_torch)
-        if command == "site":
-            ensure_site_tools()
+        if command == "site" or (command == "test" and not fast):
+            ensure_extra("site")
+        if (command == "test" and not fast) or (
+            command == "class" and (rest[0] in NEEDS_NBGRADER or "--gradebook" in rest)
+        ):
+            ensure_extra("nbgrader")
     except SetupError as error:
         print(f"course.py: {error}", file=sys.stderr, flush=True)
         return 1
@@ -249,6 +341,11 @@ def main(argv: list[str]) -> int:
         cmd = lab_command(rest)
     elif command == "site":
         cmd = [str(PY), "-m", "authoring.site", *rest]
+    elif command == "class":
+        cmd, env = class_command(rest)
+        return subprocess.call(cmd, env=env)
+    elif slowest:
+        cmd = [str(PY), "-m", "authoring", "suite-times", *(FAST if fast else []), *rest]
     else:
         cmd = [str(PY), "-m", "pytest", *(FAST if fast else []), *rest]
     return run_forwarding_signals(cmd, env)

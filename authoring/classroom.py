@@ -1,7 +1,9 @@
 """A class at a glance: hub links for every notebook, and where the room is stuck.
 
-    python -m authoring hub-links --hub https://hub.example.edu [--edition student|solved]
-    python -m authoring progress FOLDER [--figure progress.png] [--gradebook gradebook.db]
+    python3 course.py class hub-links --hub https://hub.example.edu [--edition student|solved]
+    python3 course.py class progress FOLDER [--figure progress.png] [--gradebook gradebook.db]
+
+(``python -m authoring hub-links|progress`` inside the course's environment is the same.)
 
 ``hub-links`` prints, per notebook, an nbgitpuller link (a JupyterHub with nbgitpuller clones or
 updates the course in the learner's home and opens the notebook) and the notebook's Colab link. The
@@ -12,9 +14,11 @@ repository comes from one place, ``[project.urls] Repository`` in ``pyproject.to
 ``<learner>-NN_topic.ipynb`` — and shows, per learner and exercise, whether the checker said
 passed (✅), attempted but not passed (❌) or not attempted (·), with the most common diagnosed mistake
 per exercise: a table in the terminal and, with ``--figure``, a heatmap. It reads the checkers'
-stored outputs, so learners save their notebooks after running them. ``--gradebook`` adds each
-learner's nbgrader score. A file that is not a readable notebook of this course is named and
-skipped; the others are still read.
+stored outputs, so learners save their notebooks after running them. ``--gradebook`` puts
+nbgrader's points beside each verdict and flags (``≠``, ``disagree · …``) where the two differ; a
+notebook without nbgrader's cell metadata, which nbgrader cannot grade, is named (``not gradable ·
+…``). A file that is not a readable notebook of this course is named and skipped; the others are
+still read.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import sys
 from pathlib import Path
 from urllib.parse import quote, urlencode, urlsplit
 
+from . import grading
 from . import notebooks as notebook_tools
 
 EDITIONS = {"student": "notebooks/student", "solved": "notebooks"}
@@ -96,6 +101,28 @@ class Progress:
     mistakes: dict[str, list[str]]
     problems: list[str]
     scores: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
+    #: learner -> exercise -> nbgrader's (score, max score) of that exercise's autograded cell
+    grades: dict[str, dict[str, tuple[float, float]]] = dataclasses.field(default_factory=dict)
+    #: learner -> the exercises whose notebook lacks nbgrader's cell metadata (nbgrader scores them 0)
+    ungraded: dict[str, set[str]] = dataclasses.field(default_factory=dict)
+
+    def disagreements(self) -> list[tuple[str, str, str]]:
+        """(learner, exercise, why) wherever the checker's verdict and nbgrader's score differ:
+        passed but short of full marks, or not passed but full marks."""
+        found = []
+        for learner, by_exercise in sorted(self.grades.items()):
+            for number in self.exercises:
+                if number not in by_exercise or learner not in self.status:
+                    continue
+                score, most = by_exercise[number]
+                state = self.status[learner].get(number, NOT_ATTEMPTED)
+                if (state == PASSED) != (score >= most > 0):
+                    verdict = "passed" if state == PASSED else ("failed" if state == ATTEMPTED else state)
+                    why = f"the checker says {verdict}, nbgrader gave {score:g}/{most:g}"
+                    if number in self.ungraded.get(learner, set()):
+                        why += " (its notebook lacks nbgrader's cell metadata)"
+                    found.append((learner, number, why))
+        return found
 
     def most_common_mistake(self, exercise: str) -> tuple[str, int] | None:
         found = collections.Counter(self.mistakes.get(exercise, [])).most_common(1)
@@ -204,6 +231,7 @@ def collect(folder: Path, *, gradebook: Path | None = None) -> Progress:
     mistakes: dict[str, list[str]] = {}
     problems: list[str] = []
     numbers: set[str] = set()
+    ungraded: dict[str, set[str]] = {}
     for path in paths:
         try:
             stem, found = read_notebook(path, known)
@@ -211,29 +239,42 @@ def collect(folder: Path, *, gradebook: Path | None = None) -> Progress:
             problems.append(f"skipped {path.relative_to(folder)}: {e}")
             continue
         learner = _learner(path, folder, stem)
+        graded = {grading.exercise_number(g) for g in grading._grade_ids(path)}
+        lacking = [n for n in found if n not in graded]
+        if lacking:
+            ungraded.setdefault(learner, set()).update(lacking)
+            problems.append(
+                f"not gradable · {learner}: {path.name} lacks nbgrader's cell metadata of exercise(s) "
+                f"{', '.join(lacking)} (not saved from the student edition or nbgrader's release): "
+                "nbgrader scores them 0 whatever the checkers say"
+            )
         for number, (state, diagnosis) in found.items():
             numbers.add(number)
             status.setdefault(learner, {})[number] = state
             if diagnosis:
                 mistakes.setdefault(number, []).append(diagnosis)
     order = [n for table in known.values() for n, _, _ in table]
-    progress = Progress(sorted(numbers, key=order.index), status, mistakes, problems)
+    progress = Progress(sorted(numbers, key=order.index), status, mistakes, problems, ungraded=ungraded)
     if gradebook is not None:
-        progress.scores = read_scores(gradebook, problems)
+        progress.scores, progress.grades = read_scores(gradebook, problems)
     return progress
 
 
-def read_scores(gradebook: Path, problems: list[str]) -> dict[str, tuple[float, float]]:
-    """learner -> (score, max score) over every assignment in nbgrader's gradebook."""
+def read_scores(
+    gradebook: Path, problems: list[str]
+) -> tuple[dict[str, tuple[float, float]], dict[str, dict[str, tuple[float, float]]]]:
+    """(learner -> (score, max score) over every assignment, learner -> exercise -> (score, max))
+    from nbgrader's gradebook."""
     try:
         from nbgrader.api import Gradebook
     except ImportError:
-        problems.append("no scores: reading a gradebook needs nbgrader (pip install -e '.[nbgrader]')")
-        return {}
+        problems.append("no scores: reading a gradebook needs nbgrader (python3 course.py class progress installs it)")
+        return {}, {}
     if not Path(gradebook).is_file():
         problems.append(f"no scores: {gradebook} is not a file")
-        return {}
+        return {}, {}
     scores: dict[str, tuple[float, float]] = {}
+    grades: dict[str, dict[str, tuple[float, float]]] = {}
     try:
         with Gradebook(f"sqlite:///{Path(gradebook).resolve()}") as gb:
             for student in gb.students:
@@ -245,33 +286,51 @@ def read_scores(gradebook: Path, problems: list[str]) -> dict[str, tuple[float, 
                         continue
                     total[0] += sub.score
                     total[1] += sub.max_score
+                    for notebook in sub.notebooks:
+                        for grade in notebook.grades:
+                            number = grading.exercise_number(grade.name)
+                            grades.setdefault(student.id, {})[number] = (grade.score, grade.max_score)
                 scores[student.id] = (total[0], total[1])
     except Exception as e:  # noqa: BLE001 (a corrupt or foreign database)
         problems.append(f"no scores: {gradebook} is not an nbgrader gradebook ({type(e).__name__})")
-    return scores
+    return scores, grades
 
 
 def table_text(progress: Progress) -> str:
-    """The terminal view: one row per learner, one column per exercise, then one line per exercise."""
+    """The terminal view: one row per learner, one column per exercise (the checker's verdict, and
+    with a gradebook nbgrader's points beside it, ``≠`` where the two disagree), then one line per
+    exercise and one per disagreement."""
     learners = sorted(progress.status)
     width = max([7] + [len(name) for name in learners])
     cols = progress.exercises
-    head = f"{'learner':<{width}}  " + "  ".join(f"{n:>5}" for n in cols)
+    disagree = {(learner, number) for learner, number, _ in progress.disagreements()}
+    cell = 9 if progress.grades else 5
+
+    def mark(name: str, number: str) -> str:
+        text = MARKS[progress.status[name].get(number, NOT_ATTEMPTED)]
+        if progress.grades:
+            grade = progress.grades.get(name, {}).get(number)
+            text += f" {grade[0]:g}/{grade[1]:g}" if grade else " —"
+            text += "≠" if (name, number) in disagree else ""
+        return text
+
+    head = f"{'learner':<{width}}  " + "  ".join(f"{n:>{cell}}" for n in cols)
     if progress.scores:
         head += "  score"
     lines = [head]
     for name in learners:
-        row = f"{name:<{width}}  " + "  ".join(f"{MARKS[progress.status[name].get(n, NOT_ATTEMPTED)]:>5}" for n in cols)
+        row = f"{name:<{width}}  " + "  ".join(f"{mark(name, n):>{cell}}" for n in cols)
         if progress.scores:
             score = progress.scores.get(name)
             row += f"  {score[0]:g}/{score[1]:g}" if score else "  —"
         lines.append(row)
-    lines += [
-        "",
+    legend = (
         f"{MARKS[PASSED]} passed   {MARKS[ATTEMPTED]} attempted, not passed (or saved without running "
-        f"its checker)   {MARKS[NOT_ATTEMPTED]} not attempted",
-        "",
-    ]
+        f"its checker)   {MARKS[NOT_ATTEMPTED]} not attempted"
+    )
+    if progress.grades:
+        legend += "   N/M nbgrader's points   ≠ checker and points disagree"
+    lines += ["", legend, ""]
     for n in cols:
         states = [progress.status[name].get(n, NOT_ATTEMPTED) for name in learners]
         line = (
@@ -282,6 +341,8 @@ def table_text(progress: Progress) -> str:
         if common:
             line += f"; most common mistake ({common[1]}×): {common[0]}"
         lines.append(line)
+    for learner, number, why in progress.disagreements():
+        lines.append(f"disagree · {learner}, exercise {number}: {why}")
     return "\n".join(lines)
 
 

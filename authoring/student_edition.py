@@ -207,10 +207,25 @@ def _rewrite_links(text: str, src_dir: Path, out_rel: str) -> str:
     return "".join(p if p.startswith("`") else _LINK.sub(fix, p) for p in parts)
 
 
+def _lock(cell):
+    """A cell nbgrader marks read-only gets the flags JupyterLab honours, as nbgrader's release has."""
+    if cell.metadata.get("nbgrader", {}).get("locked"):
+        cell.metadata["editable"] = False
+        cell.metadata["deletable"] = False
+    return cell
+
+
 def student_notebook(nb, *, notebook: str, out_rel: str = "notebooks/student", src_dir: Path | None = None):
     """(student copy of ``nb``, its exercises). ``nb``: an nbformat v4 notebook (not modified);
-    ``notebook``: its file stem; ``out_rel``: the repo-relative folder the copy will live in."""
+    ``notebook``: its file stem; ``out_rel``: the repo-relative folder the copy will live in.
+
+    The copy carries nbgrader's cell metadata, the same as ``python -m authoring nbgrader``'s source
+    notebook: each exercise is a solution cell (the learner's function) followed by a read-only
+    autograded cell (its checker), and the setup cell is read-only; so a notebook learners saved
+    from this edition (from a hub link, say) is autograded by ``nbgrader autograde``."""
     import nbformat
+
+    from . import grading
 
     src_dir = notebook_tools.NOTEBOOKS if src_dir is None else src_dir
     student = copy.deepcopy(nb)
@@ -227,6 +242,14 @@ def student_notebook(nb, *, notebook: str, out_rel: str = "notebooks/student", s
             if stripped != source or _CHECK.search(source):
                 new.source, new.outputs, new.execution_count = stripped, [], None
                 new.metadata.pop("execution", None)
+            if "setup" in tags:
+                new.metadata["nbgrader"] = grading.nbgrader_meta("setup", locked=True)
+            if found and grading.CHECK_LINE.search(stripped):
+                # nbgrader's layout: the learner's function, then the read-only check cell
+                split = grading.split_exercise_cell(new, stripped, found, {}, notebook, graded=False)
+                cells += [_lock(c) for c in split]
+                continue
+            _lock(new)
         elif cell.cell_type == "markdown":
             rewritten = _rewrite_links(source, src_dir, out_rel)
             if rewritten != source:

@@ -1,15 +1,15 @@
-"""authoring/grading.py: the course's exercises as an nbgrader course, and nbgrader's own round trip.
+"""authoring/grading.py: the course's exercises as an nbgrader course, and a class run end to end.
 
-The round trip runs nbgrader itself (the `nbgrader` extra; .ci/run installs it): generate the
-release of notebook 01, autograde three submissions — the release untouched, the solved notebook,
-and the solved notebook with √d_k forgotten — and read the scores and the feedback.
+The class's flow runs nbgrader itself (the `nbgrader` extra, which `python3 course.py class`
+installs on first use) through the commands the instructor guide gives, from a shell that does
+not have the course's environment on PATH.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -69,23 +69,6 @@ def test_points_can_be_set_per_exercise_and_the_guide_states_them():
         grading._parse_points(["1.2:3"])
 
 
-def _nbgrader_available() -> None:
-    if importlib.util.find_spec("nbgrader") is None:
-        reason = "the nbgrader round trip needs the `nbgrader` extra: pip install -e '.[nbgrader]'"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
-
-
-def _nbgrader(course: Path, *args: str) -> str:
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    out = subprocess.run(
-        [sys.executable, "-m", "nbgrader", *args], cwd=course, env=env, capture_output=True, text=True, timeout=900
-    )
-    assert out.returncode == 0, f"nbgrader {' '.join(args)} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
-    return out.stdout + out.stderr
-
-
 SCORES = """
 import json, sys
 from nbgrader.api import Gradebook
@@ -113,52 +96,98 @@ def _scores(gradebook: Path, learners: list[str]) -> dict:
     return scores
 
 
+def _solve(student_text: str, exercises, planted: tuple[str, str] | None = None) -> str:
+    """The student edition with each exercise's raise replaced by its solution (as a learner who
+    solved it saves it), optionally with a mistake planted in the solutions."""
+    nb = json.loads(student_text)
+    for cell in nb["cells"]:
+        source = "".join(cell["source"])
+        for e in exercises:
+            body = "\n".join(e.solution)
+            body = body.replace(*planted) if planted else body
+            raise_ = rf'^[ \t]*raise NotImplementedError\(\s*"Exercise {re.escape(e.number)}: .*?"\s*\)'
+            source = re.sub(raise_, lambda _m, body=body: body, source, flags=re.M | re.S)
+        cell["source"] = source
+    return json.dumps(nb)
+
+
+def _shell_without_venv() -> dict:
+    """A fresh shell's environment: no .venv/bin on PATH, nothing activated."""
+    venv_bin = (ROOT / ".venv" / "bin").resolve()
+    path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and Path(p).resolve() != venv_bin]
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+    env["PATH"] = os.pathsep.join(path or ["/usr/bin", "/bin"])
+    return env
+
+
 @pytest.mark.slow
-def test_nbgrader_round_trip_scores_untouched_solved_and_planted_submissions(tmp_path):
-    _nbgrader_available()
-    course = tmp_path / "course"
-    grading.write_course(course, [ROOT / "notebooks" / f"{ASSIGNMENT}.ipynb"])
-    _nbgrader(course, "generate_assignment", ASSIGNMENT, "--force")
-    release = course / "release" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
-    solved = (course / "source" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").read_text(encoding="utf-8")
-    assert "### BEGIN SOLUTION" not in release.read_text(encoding="utf-8")
-    assert PLANTED[0] in solved
+def test_a_class_end_to_end_from_a_shell_without_the_environment(tmp_path):
+    """The instructor guide's flow, command for command, from a shell where .venv/bin is not on
+    PATH: an nbgrader course of notebook 01; learners' notebooks saved from the student edition (the
+    hub links' edition) — solved, untouched, solved with √d_k forgotten — and a copy of the solved
+    notebook (no nbgrader metadata); then autograde, feedback and the progress view."""
+    env = _shell_without_venv()
+    python3 = shutil.which("python3", path=env["PATH"])
+    assert python3 and shutil.which("nbgrader", path=env["PATH"]) is None, "the shell must not see .venv/bin"
+
+    def course(*args: str) -> str:
+        out = subprocess.run(
+            [python3, str(ROOT / "course.py"), "class", *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1500,
+        )
+        text = out.stdout + out.stderr
+        assert out.returncode == 0, f"course.py class {' '.join(args)} failed:\n{text[-4000:]}"
+        assert "Traceback" not in text, text[-4000:]
+        return out.stdout
+
+    solved_nb = ROOT / "notebooks" / f"{ASSIGNMENT}.ipynb"
+    released = course("nbgrader", "mha-class", "01")
+    klass = tmp_path / "mha-class"
+    assert "released: release/01_single_head_attention/" in released
+    assert (klass / "gradebook.db").is_file()
+    student = (student_edition.STUDENT_DIR / solved_nb.name).read_text(encoding="utf-8")
+    exercises = student_edition.exercises([solved_nb])
     submissions = {
-        "untouched": release.read_text(encoding="utf-8"),
-        "solved": solved,
-        "planted": solved.replace(*PLANTED),
+        "solved": _solve(student, exercises),
+        "untouched": student,
+        "planted": _solve(student, exercises, PLANTED),
+        "copied": solved_nb.read_text(encoding="utf-8"),
     }
+    assert submissions["planted"] != submissions["solved"]
     for learner, text in submissions.items():
-        folder = course / "submitted" / learner / ASSIGNMENT
+        folder = klass / "submitted" / learner / ASSIGNMENT
         folder.mkdir(parents=True)
-        (folder / f"{ASSIGNMENT}.ipynb").write_text(text, encoding="utf-8")
-    _nbgrader(course, "autograde", ASSIGNMENT, "--create", "--force")
-    _nbgrader(course, "generate_feedback", ASSIGNMENT, "--force")
-    scores = _scores(course / "gradebook.db", list(submissions))
-    assert scores == {
-        "untouched": {"exercise_1_1": 0, "exercise_1_2": 0},
+        (folder / solved_nb.name).write_text(text, encoding="utf-8")
+
+    graded = course("autograde", "mha-class", ASSIGNMENT)
+    for learner, points in {"solved": 2, "untouched": 0, "planted": 1, "copied": 0}.items():
+        assert re.search(rf"^  {learner} +{points}/2 points", graded, re.M), graded
+    assert "not gradable · copied: 01_single_head_attention.ipynb lacks nbgrader's cell metadata" in graded
+    assert "Attribute 'checksum'" not in graded and "restored ·" not in graded
+    assert _scores(klass / "gradebook.db", list(submissions)) == {
         "solved": {"exercise_1_1": 1, "exercise_1_2": 1},
+        "untouched": {"exercise_1_1": 0, "exercise_1_2": 0},
         "planted": {"exercise_1_1": 0, "exercise_1_2": 1},
+        "copied": {"exercise_1_1": 0, "exercise_1_2": 0},
     }
-    feedback = (course / "feedback" / "planted" / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text(encoding="utf-8")
-    assert "likely mistake — forgot to scale" in feedback
-    untouched = (course / "feedback" / "untouched" / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text(encoding="utf-8")
+
+    course("feedback", "mha-class", ASSIGNMENT)
+    feedback = klass / "feedback"
+    planted = (feedback / "planted" / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text(encoding="utf-8")
+    assert "likely mistake — forgot to scale" in planted
+    untouched = (feedback / "untouched" / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text(encoding="utf-8")
     assert "not attempted" in untouched
-    # the progress view reads nbgrader's autograded notebooks and its gradebook
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "authoring",
-            "progress",
-            str(course / "autograded"),
-            "--gradebook",
-            str(course / "gradebook.db"),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "planted" in out.stdout and "1/2" in out.stdout and "forgot to scale" in out.stdout
-    shutil.rmtree(course, ignore_errors=True)
+
+    view = course("progress", "mha-class/autograded", "--gradebook", "mha-class/gradebook.db")
+    rows = {line.split()[0]: line for line in view.splitlines() if line.split() and line.split()[0] in submissions}
+    assert rows["solved"].split()[1:] == ["✅", "1/1", "✅", "1/1", "2/2"], view
+    assert rows["untouched"].split()[1:] == ["·", "0/1", "·", "0/1", "0/2"], view
+    assert rows["planted"].split()[1:] == ["❌", "0/1", "✅", "1/1", "1/2"], view
+    assert "most common mistake (1×): forgot to scale" in view
+    assert "not gradable · copied" in view
+    assert "disagree · copied, exercise 1.1: the checker says passed, nbgrader gave 0/1" in view
+    assert "disagree · solved" not in view and "disagree · planted" not in view

@@ -200,13 +200,22 @@ def test_student_notebook_removes_solutions_and_clears_only_changed_cells():
     student, found = se.student_notebook(nb, notebook="07_toy")
     assert nb == before, "the solution notebook must not be modified"
     sources = [_src(c) for c in student.cells]
-    assert len(student.cells) == 4 and not any("answer is 42" in s or "Solution-only" in s for s in sources)
-    kept, changed, after = student.cells[1], student.cells[2], student.cells[3]
+    assert len(student.cells) == 5 and not any("answer is 42" in s or "Solution-only" in s for s in sources)
+    kept, changed, check_cell, after = student.cells[1:]
     assert (kept.execution_count, kept.outputs) == (1, nb.cells[1].outputs)
     assert (after.execution_count, after.outputs) == (4, nb.cells[5].outputs)
     assert changed.execution_count is None and changed.outputs == []
     assert changed.metadata["tags"] == ["exercise"]
     assert "raise NotImplementedError(" in changed.source and "mc.hint('7.1')" in changed.source
+    # nbgrader's layout, so that a saved student notebook autogrades: the learner's function (a
+    # solution cell), then the checker in a read-only autograded cell worth one point
+    assert "mc.check" not in changed.source and changed.metadata["nbgrader"]["grade_id"] == "exercise_7_1_answer"
+    assert changed.metadata["nbgrader"]["solution"] and not changed.metadata["nbgrader"]["grade"]
+    assert check_cell.source == "mc.check.f(f)" and check_cell.outputs == []
+    grade = check_cell.metadata["nbgrader"]
+    assert (grade["grade_id"], grade["grade"], grade["locked"], grade["points"]) == ("exercise_7_1", True, True, 1)
+    assert check_cell.metadata["editable"] is False and check_cell.metadata["deletable"] is False
+    assert check_cell.id != changed.id
     assert [e.number for e in found] == ["7.1"]
     title = student.cells[0].source
     assert notebook_tools.badge_for("notebooks/student/07_toy.ipynb") in title
@@ -362,9 +371,20 @@ def test_no_solution_survives(solution, student):
     assert [h for _, _, h in raised] == [f"{a}.{b}" for a, b, _ in raised]
     # the exercise cells and every checker call lost their outputs and counts (a stored ✅ would say
     # "done" before the learner wrote a line); every other code cell kept them
+    # (an exercise cell becomes two, nbgrader's layout: the learner's function, then its check cell)
     kept = [c for c in solution_nb["cells"] if "solution" not in c["metadata"].get("tags", [])]
-    assert len(kept) == len(student_nb["cells"])
-    for before, after in zip(kept, student_nb["cells"], strict=True):
+    cells = iter(student_nb["cells"])
+    pairs = []
+    for before in kept:
+        pairs.append((before, next(cells)))
+        if BEGIN in _src(before) and re.search(r"^mc\.check\.\w+\(.*\)$", _src(before), re.M):
+            check_cell = next(cells)
+            assert check_cell["metadata"]["nbgrader"]["grade"]
+            assert re.fullmatch(r"mc\.check\.\w+\(.*\)", _src(check_cell))
+            assert _src(check_cell) in _src(before) and "mc.check" not in _src(pairs[-1][1])
+            pairs.append((before, check_cell))
+    assert next(cells, None) is None, "the student edition has cells the solved notebook does not"
+    for before, after in pairs:
         if after["cell_type"] != "code":
             continue
         if BEGIN in _src(before) or re.search(r"\bmc\.check\.\w+\(", _src(before)):
@@ -443,8 +463,8 @@ def test_student_notebook_runs_top_to_bottom(path):
         errors = [o for o in after.outputs if o.output_type == "error"]
         assert not errors, f"cell {index} raised {errors[0].ename}: {errors[0].evalue}"
         source = _src(after)
-        if before.execution_count is None and re.search(r'raise NotImplementedError\(\s*"Exercise', source):
-            shown = "\n".join(_output_texts(after))
+        if before.execution_count is None and after.metadata.get("nbgrader", {}).get("grade"):
+            shown = "\n".join(_output_texts(after))  # an exercise's check cell
             assert "not attempted" in shown, f"cell {index}: the check should say 'not attempted', got {shown!r}"
             assert "✅" not in shown and "❌" not in shown
         elif before.execution_count is not None and "nbval-ignore-output" not in before.metadata.get("tags", []):

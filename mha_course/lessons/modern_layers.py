@@ -34,11 +34,21 @@ def _row_stats(weights: torch.Tensor) -> tuple[float, float]:
     return (top - bottom)[..., 1:].max().item(), entropy[..., 1:].mean().item()
 
 
-def train(*, seed: int = 0, steps: int = 120, lr: float = 3e-3, batch_size: int = 32, progress=None, **attention):
+def train(
+    *,
+    seed: int = 0,
+    steps: int = 120,
+    lr: float = 3e-3,
+    batch_size: int = 32,
+    record: bool = True,
+    progress=None,
+    **attention,
+):
     """Train a tiny :class:`TinyLM` in float64 (AdamW, constant ``lr``) with the attention options
     ``attention`` (e.g. ``qk_norm=True``). Returns (model in eval mode, history) where history holds,
     per step, "loss", "logit range" (the largest over layers, heads and queries) and "entropy" (mean
-    over them, nats) of the training batch. Deterministic for a seed (one thread)."""
+    over them, nats) of the training batch (``record=False``: only the loss, faster). Deterministic
+    for a seed (one thread)."""
     data = sample_sequences(markov_table(), steps * batch_size, seed=seed + 1)
     history = {"loss": [], "logit range": [], "entropy": []}
     with fixed_threads(), torch.random.fork_rng(devices=[]), torch.enable_grad():
@@ -51,10 +61,11 @@ def train(*, seed: int = 0, steps: int = 120, lr: float = 3e-3, batch_size: int 
             x = data[step * batch_size : (step + 1) * batch_size]  # (B, L)
             weights.clear()
             loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
-            stats = [_row_stats(w.detach()) for w in weights]
             history["loss"].append(loss.item())
-            history["logit range"].append(max(s[0] for s in stats))
-            history["entropy"].append(sum(s[1] for s in stats) / len(stats))
+            if record:
+                stats = [_row_stats(w.detach()) for w in weights]
+                history["logit range"].append(max(s[0] for s in stats))
+                history["entropy"].append(sum(s[1] for s in stats) / len(stats))
             opt.zero_grad()
             loss.backward()
             opt.step()

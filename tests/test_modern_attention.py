@@ -14,95 +14,38 @@ transformers = pytest.importorskip("transformers")
 masking = pytest.importorskip("transformers.masking_utils")
 gemma2 = pytest.importorskip("transformers.models.gemma2.modeling_gemma2")
 
-SMALL = dict(vocab_size=32, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)
+lesson = pytest.importorskip("mha_course.lessons.modern_layers")
 
 
 def _configs():
-    """Tiny random configs of the supported families (no weights are downloaded)."""
-    tf = transformers
-    return {
-        "llama": tf.LlamaConfig(**SMALL, num_hidden_layers=1),
-        "llama3-scaled": tf.LlamaConfig(
-            **SMALL | {"num_key_value_heads": 1},
-            num_hidden_layers=1,
-            rope_parameters={
-                "rope_type": "llama3",
-                "rope_theta": 500000.0,
-                "factor": 8.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8,
-            },
-        ),
-        "qwen3": tf.Qwen3Config(**SMALL, num_hidden_layers=1, head_dim=16),
-        "qwen3_next": tf.Qwen3NextConfig(
-            **SMALL,
-            num_hidden_layers=4,
-            head_dim=16,
-            num_experts=4,
-            num_experts_per_tok=2,
-            moe_intermediate_size=16,
-            shared_expert_intermediate_size=16,
-            linear_num_value_heads=2,
-            linear_num_key_heads=2,
-            linear_key_head_dim=8,
-            linear_value_head_dim=8,
-        ),
-        "gemma2": tf.Gemma2Config(
-            **SMALL,
-            num_hidden_layers=2,
-            head_dim=16,
-            query_pre_attn_scalar=24,
-            sliding_window=4,
-            attn_logit_softcapping=5.0,
-        ),
-        "gpt_oss": tf.GptOssConfig(
-            **SMALL | {"intermediate_size": 32},
-            num_hidden_layers=2,
-            head_dim=16,
-            num_local_experts=4,
-            num_experts_per_tok=2,
-            sliding_window=4,
-            attention_bias=True,
-        ),
-    }
+    """Tiny random configs of the supported families (no weights are downloaded): the notebook's
+    five, plus a plain-RoPE Llama with one K/V head (MQA)."""
+    configs = lesson.tiny_configs()
+    mqa = transformers.LlamaConfig(
+        vocab_size=32,
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        num_hidden_layers=1,
+    )
+    mqa._attn_implementation = "eager"
+    return configs | {"Llama MQA": mqa}
 
 
 def _model(name, dtype, seed):
-    config = _configs()[name]
-    config._attn_implementation = "eager"
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config).to(dtype).eval()
-    with torch.no_grad():  # random weights everywhere, the norms' and sinks' included (not their init values)
-        for n, p in model.named_parameters():
-            if "self_attn" in n:
-                p.copy_(torch.randn_like(p) * (0.3 if p.dim() > 1 else 0.5))
-    return model
-
-
-def _hf_attention_output(model, layer_idx, x):
-    """The transformers module's output with its model's rotary embedding and mask at positions 0…L−1."""
-    attn = model.model.layers[layer_idx].self_attn
-    L = x.shape[1]
-    positions = torch.arange(L)[None]  # (1, L)
-    cos_sin = model.model.rotary_emb(x, positions)
-    window = getattr(attn, "sliding_window", None)
-    fn = masking.causal_mask_function if window is None else masking.sliding_window_causal_mask_function(window)
-    allowed = fn(0, 0, torch.arange(L)[:, None], torch.arange(L)[None, :])  # (L, L) bool
-    additive = torch.zeros(L, L, dtype=x.dtype).masked_fill(~allowed, torch.finfo(x.dtype).min)[None, None]
-    out, _ = attn(x, position_embeddings=cos_sin, attention_mask=additive)
-    return out, allowed
+    return lesson.tiny_model(_configs()[name], seed=seed).to(dtype)
 
 
 CASES = [
-    ("llama", 0),
-    ("llama3-scaled", 0),
-    ("qwen3", 0),
-    ("qwen3_next", 3),  # the full-attention layer (layers 0–2 are Gated DeltaNet)
-    ("gemma2", 0),  # sliding
-    ("gemma2", 1),  # global
-    ("gpt_oss", 0),  # sliding
-    ("gpt_oss", 1),  # full
+    ("Llama MQA", 0),
+    ("Llama 3.1", 0),  # llama3 rope scaling
+    ("Qwen3", 0),
+    ("Qwen3-Next", 3),  # the full-attention layer (layers 0–2 are Gated DeltaNet)
+    ("Gemma 2", 0),  # sliding
+    ("Gemma 2", 1),  # global
+    ("gpt-oss", 0),  # sliding, YaRN, sinks, biases
+    ("gpt-oss", 1),  # full
 ]
 
 
@@ -116,7 +59,7 @@ def test_attention_from_hf_equals_the_transformers_module(name, layer_idx, dtype
     for B, L in [(2, 11), (1, 6)]:
         x = torch.randn(B, L, 32, generator=g, dtype=dtype)
         with torch.no_grad():
-            ref, _ = _hf_attention_output(model, layer_idx, x)
+            ref = lesson.hf_attention_output(model, layer_idx, x)
             out, _ = ours(x, is_causal=True)
             fast, _ = ours(x, is_causal=True, need_weights=False)
         # transformers runs RMSNorm, RoPE angles and (Gemma 2) the softmax in float32 even for float64
@@ -124,6 +67,14 @@ def test_attention_from_hf_equals_the_transformers_module(name, layer_idx, dtype
         torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
         torch.testing.assert_close(fast, ref, atol=tol, rtol=tol)
         assert ref.abs().max() > 0.1  # a real output, not all zeros
+
+
+def test_the_reference_uses_transformers_own_masks():
+    """The sliding layers' mask (from transformers.masking_utils) is the course's window mask."""
+    for L, window in [(9, 4), (6, 1)]:
+        fn = masking.sliding_window_causal_mask_function(window)
+        allowed = fn(0, 0, torch.arange(L)[:, None], torch.arange(L)[None, :])
+        assert torch.equal(allowed, mc.sliding_window_mask(L, window))
 
 
 def test_attention_from_hf_reads_each_family_s_options():
@@ -140,18 +91,18 @@ def test_attention_from_hf_reads_each_family_s_options():
             ours.rope.rotary_dim,
             round(ours.scale, 4),
         )
-    assert seen["llama", 0] == (False, False, None, None, False, 8, round(8**-0.5, 4))
-    assert seen["qwen3", 0] == (True, False, None, None, False, 16, 0.25)
-    assert seen["qwen3_next", 3] == (True, True, None, None, False, 4, 0.25)  # partial_rotary_factor 0.25
-    assert seen["gemma2", 0] == (False, False, 5.0, 4, False, 16, round(24**-0.5, 4))
-    assert seen["gemma2", 1] == (False, False, 5.0, None, False, 16, round(24**-0.5, 4))
-    assert seen["gpt_oss", 0][3:5] == (4, True) and seen["gpt_oss", 1][3:5] == (None, True)
+    assert seen["Llama MQA", 0] == (False, False, None, None, False, 8, round(8**-0.5, 4))
+    assert seen["Qwen3", 0] == (True, False, None, None, False, 16, 0.25)
+    assert seen["Qwen3-Next", 3] == (True, True, None, None, False, 4, 0.25)  # partial_rotary_factor 0.25
+    assert seen["Gemma 2", 0] == (False, False, 5.0, 4, False, 16, round(24**-0.5, 4))
+    assert seen["Gemma 2", 1] == (False, False, 5.0, None, False, 16, round(24**-0.5, 4))
+    assert seen["gpt-oss", 0][3:5] == (4, True) and seen["gpt-oss", 1][3:5] == (None, True)
 
 
 def test_attention_from_hf_rejects_other_modules():
     with pytest.raises(TypeError, match="LlamaAttention.*Gemma2Attention.*GptOssAttention.*got Linear"):
-        mc.attention_from_hf(nn.Linear(4, 4), _configs()["llama"])
-    model = _model("llama", torch.float32, 0)
+        mc.attention_from_hf(nn.Linear(4, 4), _configs()["Qwen3"])
+    model = _model("Qwen3", torch.float32, 0)
     with pytest.raises(TypeError, match="hf_config"):
         mc.attention_from_hf(model.model.layers[0].self_attn, {"hidden_size": 32})
 

@@ -7,12 +7,16 @@ boolean masks mean True = may attend.
 The package has three layers, one folder each (``ls`` shows them):
 
 * the attention library (this folder; what ``mc.*`` exports; imports only torch)
-    attention   scaled_dot_product_attention(q, k, v, mask=None, *, scale=None) -> (out, weights)
+    attention   scaled_dot_product_attention(q, k, v, mask=None, *, scale=None, sinks=None, softcap=None)
+                -> (out, weights)
     heads       split_heads(x, num_heads): (B, L, h*d_head) -> (B, h, L, d_head); merge_heads(x)
     multihead   LoopedMultiHeadAttention, MultiHeadAttention (.from_torch, .to_torch, .to_fused)
     fast        FastMultiHeadAttention: the same function, tuned for speed (notebook 09)
     masks       causal_mask, sliding_window_mask, padding_mask
-    gqa         repeat_kv, GroupedQueryAttention
+    gqa         repeat_kv, GroupedQueryAttention (options: sinks, qk_norm, output_gate, softcap, scale,
+                window, rope: the attention layers of today's open models)
+    hf_interop  attention_from_hf(hf_attention, hf_config): the course's layer from a transformers
+                Llama, Qwen3, Qwen3-Next, Gemma 2 or gpt-oss attention module
     kv_cache    KVCache (growing, or preallocated with max_length), write_kv
     tiled       tiled_attention, online_softmax_update (the FlashAttention idea)
     backward    attention_backward (dq, dk, dv by hand), flash_attention (FlashAttention-2's
@@ -26,7 +30,8 @@ The package has three layers, one folder each (``ls`` shows them):
     positions   apply_rope(x, positions, *, theta, layout, scaling), RotaryEmbedding, alibi_bias,
                 rope_frequencies(head_dim, theta, *, scaling) (context extension), rope_attention_factor,
                 sinusoidal_positions; both RoPE layouts and the W_Q/W_K permutation between them
-    decoder     RMSNorm, SwiGLU, LlamaDecoder(DecoderConfig) (.from_hf), generate_greedy
+    norm        RMSNorm (of the decoder, and of q and k per head)
+    decoder     SwiGLU, LlamaDecoder(DecoderConfig) (.from_hf), generate_greedy
     distributed Ranks / launch (gloo ranks on this machine), heads_of_rank, TensorParallelAttention,
                 ring_attention, ulysses_attention, communication_bytes (attention across devices)
     validation  the argument checks every public function runs first
@@ -56,6 +61,7 @@ from .distributed import (
 )
 from .gqa import GroupedQueryAttention, repeat_kv
 from .heads import merge_heads, split_heads
+from .hf_interop import attention_from_hf
 from .kit.hint_ladder import hint
 from .kit.predict import predict
 from .kit.setup import device, environment_report, setup
@@ -109,6 +115,7 @@ __all__ = [
     "sliding_window_mask",
     "repeat_kv",
     "GroupedQueryAttention",
+    "attention_from_hf",
     "KVCache",
     "MultiHeadLatentAttention",
     "LatentCache",

@@ -9,7 +9,7 @@ import torch
 from . import validation
 
 
-def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None, sinks=None):
+def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None, sinks=None, softcap=None):
     """Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V, returning the output and the weights.
 
     Shapes (any leading batch dims ``...`` that broadcast against each other):
@@ -23,6 +23,9 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None, sinks=None):
                over its Lk scores *and* that head's sink logit; the sink's share is dropped,
                so the weights over the real keys sum to less than 1 and a row may attend to
                (almost) nothing: softmax([s_1 .. s_Lk, sink])[:Lk].
+        softcap: optional positive float c (Gemma 2's ``attn_logit_softcapping``): every scaled
+               score s becomes c · tanh(s / c), a smooth clamp into (−c, c), *before* the mask;
+               the order is scale, cap, mask, softmax, as in Gemma 2's eager attention.
     Returns:
         out:     (..., Lq, d_v)  weights @ v
         weights: (..., Lq, Lk)   each row sums to 1 (less with sinks; 0 for a fully masked row)
@@ -39,12 +42,14 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, scale=None, sinks=None):
                 f"sinks must hold one logit per head, the scores' dim -3: scores {scores_shape}, "
                 f"got sinks {tuple(sinks.shape)}"
             )
-    weights = attention_weights(q, k, mask, scale=scale, sinks=sinks)  # (..., Lq, Lk)
+    softcap = validation.softcap(softcap)
+    weights = attention_weights(q, k, mask, scale=scale, sinks=sinks, softcap=softcap)  # (..., Lq, Lk)
     return weights @ v, weights  # (..., Lq, d_v), (..., Lq, Lk)
 
 
-def attention_weights(q, k, mask=None, *, scale=None, sinks=None):
-    """softmax(Q Kᵀ · scale) with the mask applied (and each head's sink logit, if given): the weights of
+def attention_weights(q, k, mask=None, *, scale=None, sinks=None, softcap=None):
+    """softmax(Q Kᵀ · scale) with the mask applied (the scores soft-capped and each head's sink logit
+    joining the softmax, if given): the weights of
     :func:`scaled_dot_product_attention`, for inputs that were already checked (this function
     checks nothing: callers validate once, at their public boundary).
 
@@ -55,6 +60,8 @@ def attention_weights(q, k, mask=None, *, scale=None, sinks=None):
         scale = 1.0 / math.sqrt(q.shape[-1])
     q = q * scale  # (..., Lq, d_k): scaling q is scaling every score, with Lq·d_k multiplications
     scores = q @ k.transpose(-2, -1)  # (..., Lq, d_k) @ (..., d_k, Lk) -> (..., Lq, Lk)
+    if softcap is not None:  # before the mask: tanh(-inf) would turn a blocked key into -c, allowed again
+        scores = softcap * torch.tanh(scores / softcap)  # (..., Lq, Lk), each in (-softcap, softcap)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))  # (..., Lq, Lk): a blocked key gets e^-inf = 0
     if sinks is None:

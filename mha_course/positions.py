@@ -312,23 +312,34 @@ class RotaryEmbedding(nn.Module):
     """RoPE for one attention layer: ``rope(x, start)`` rotates x (B, h, L, head_dim) as
     positions start, start+1, …, start+L-1 (start = the number of positions already cached).
     Holds no parameters; pass it to ``GroupedQueryAttention.forward(..., rope=rope)``.
-    ``scaling``: a context-extension dict (transformers' rope_scaling, see :func:`rope_frequencies`)."""
+    ``scaling``: a context-extension dict (transformers' rope_scaling, see :func:`rope_frequencies`).
+    ``rotary_dim``: partial rotary (Qwen3-Next, GLM, Phi): only the first ``rotary_dim``
+    coordinates of each head turn, with the frequencies of a ``rotary_dim``-wide RoPE; the rest
+    pass unchanged (transformers' ``partial_rotary_factor`` = rotary_dim / head_dim)."""
 
-    def __init__(self, head_dim: int, theta: float = 10000.0, *, layout: str = "half", scaling=None):
+    def __init__(self, head_dim: int, theta: float = 10000.0, *, layout: str = "half", scaling=None, rotary_dim=None):
         super().__init__()
         _check_layout(layout)
         self.head_dim, self.theta, self.layout = _check_head_dim(head_dim), float(theta), layout
+        self.rotary_dim = head_dim if rotary_dim is None else _check_head_dim(rotary_dim)
+        if self.rotary_dim > head_dim:
+            raise ValueError(f"rotary_dim must be at most head_dim={head_dim}, got rotary_dim={rotary_dim}")
         self.scaling = None if scaling is None else dict(scaling)
-        rope_frequencies(head_dim, theta, scaling=scaling)  # validates theta and scaling
+        rope_frequencies(self.rotary_dim, theta, scaling=scaling)  # validates theta and scaling
 
     def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
         _validate.positive_int("start", start, allow_zero=True)
         positions = torch.arange(start, start + x.shape[-2], device=x.device)  # (L,)
-        return apply_rope(x, positions, theta=self.theta, layout=self.layout, scaling=self.scaling)
+        if self.rotary_dim == x.shape[-1]:
+            return apply_rope(x, positions, theta=self.theta, layout=self.layout, scaling=self.scaling)
+        turned, kept = x[..., : self.rotary_dim], x[..., self.rotary_dim :]  # (..., L, rd), (..., L, hd - rd)
+        turned = apply_rope(turned, positions, theta=self.theta, layout=self.layout, scaling=self.scaling)
+        return torch.cat([turned, kept], dim=-1)  # (..., L, head_dim)
 
     def extra_repr(self) -> str:
         kind = (self.scaling or {}).get("rope_type", "default")
-        return f"head_dim={self.head_dim}, theta={self.theta:g}, layout={self.layout!r}, scaling={kind!r}"
+        partial = f", rotary_dim={self.rotary_dim}" if self.rotary_dim != self.head_dim else ""
+        return f"head_dim={self.head_dim}, theta={self.theta:g}, layout={self.layout!r}, scaling={kind!r}{partial}"
 
 
 def interleaved_to_half(head_dim: int) -> torch.Tensor:

@@ -16,6 +16,17 @@ def positive_int(name: str, value, *, allow_zero: bool = False) -> int:
     return value
 
 
+def softcap(value):
+    """``None`` or a positive finite float (a soft cap c bounds every score to (−c, c))."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"softcap must be None or a positive float, got {type(value).__name__} ({value!r})")
+    if not (0 < value < float("inf")):
+        raise ValueError(f"softcap must be a positive finite float (scores are capped to (−c, c)), got softcap={value}")
+    return float(value)
+
+
 def tensor(name: str, x, *, dims: int | tuple[int, ...] | None = None, floating: bool = False):
     """Check that ``x`` is a tensor (optionally of ``dims`` dimensions and floating dtype)."""
     if not isinstance(x, torch.Tensor):

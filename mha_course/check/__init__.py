@@ -31,6 +31,7 @@ from .layer import multi_head_attention_layer
 from .layer_bugs import find_bug
 from .leakage import leaks_future
 from .masks import causal_mask, padding_mask
+from .modern import gated_output, softcap_scores
 from .per_head import multi_head_attention_per_head
 from .positions import apply_rope, llama3_frequencies, rope_step
 from .pretrained import previous_token_score
@@ -79,6 +80,8 @@ CHECKERS = {
         sink_softmax,
         cache_positions,
         gather_blocks,
+        softcap_scores,
+        gated_output,
         normalize_rows,
         softmax_backward,
         backward_tile,

@@ -86,6 +86,12 @@ NOTEBOOKS: list[tuple[str, str, str]] = [
         "Real gloo ranks on a CPU: heads split by tensor parallelism, ring attention, Ulysses — each = one process.",
     ),
     (
+        "15_modern_attention_layers",
+        "Modern attention layers",
+        "QK-norm, Gemma 2's soft-cap and Qwen3-Next's output gate, each measured on a tiny model; "
+        "five families' layers loaded and proven.",
+    ),
+    (
         "17_debugging_attention",
         "Debugging attention",
         "The closing clinic: uniform, collapsed and identical heads, NaN, leaking masks — caused, diagnosed, fixed.",

@@ -117,12 +117,13 @@ def sample_sequences(table: torch.Tensor, n: int, *, seed: int) -> torch.Tensor:
 
 class TinyBlock(nn.Module):
     """A pre-norm decoder block: x + attention(LN(x)), then x + MLP(LN(x)); the attention is a
-    causal ``mc.GroupedQueryAttention`` (as many K/V heads as heads), with learned sinks or not."""
+    causal ``mc.GroupedQueryAttention`` (as many K/V heads as heads), with learned sinks or not
+    (and any other of its options, e.g. ``qk_norm=True`` or ``output_gate=True``)."""
 
-    def __init__(self, d_model: int, num_heads: int, *, sinks: bool):
+    def __init__(self, d_model: int, num_heads: int, *, sinks: bool, **attention):
         super().__init__()
         self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
-        self.self_attn = GroupedQueryAttention(d_model, num_heads, num_heads, bias=True, sinks=sinks)
+        self.self_attn = GroupedQueryAttention(d_model, num_heads, num_heads, bias=True, sinks=sinks, **attention)
         self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
 
     def forward(self, x, mask=None):
@@ -132,13 +133,14 @@ class TinyBlock(nn.Module):
 
 class TinyLM(nn.Module):
     """Token + learned position embeddings -> causal pre-norm blocks (:class:`TinyBlock`) -> logits.
-    ``sinks=True`` gives every head a learned sink logit (gpt-oss's attention sinks)."""
+    ``sinks=True`` gives every head a learned sink logit (gpt-oss's attention sinks); other keyword
+    arguments go to every layer's ``GroupedQueryAttention``."""
 
-    def __init__(self, d_model: int = 32, num_heads: int = 2, num_layers: int = 2, *, sinks: bool = False):
+    def __init__(self, d_model: int = 32, num_heads: int = 2, num_layers: int = 2, *, sinks: bool = False, **attention):
         super().__init__()
         self.embed = nn.Embedding(VOCAB + 1, d_model)
         self.pos = nn.Parameter(0.1 * torch.randn(SEQ_LEN, d_model))
-        self.layers = nn.ModuleList(TinyBlock(d_model, num_heads, sinks=sinks) for _ in range(num_layers))
+        self.layers = nn.ModuleList(TinyBlock(d_model, num_heads, sinks=sinks, **attention) for _ in range(num_layers))
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, VOCAB)
 

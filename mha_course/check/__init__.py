@@ -33,6 +33,7 @@ from .masks import causal_mask, padding_mask
 from .per_head import multi_head_attention_per_head
 from .positions import apply_rope, llama3_frequencies, rope_step
 from .pretrained import previous_token_score
+from .sparse_linear import delta_rule_update, topk_mask
 from .specialize import ablate_heads
 from .split_merge import attend_in_heads
 from .streaming import cache_positions, sink_softmax
@@ -83,6 +84,8 @@ CHECKERS = {
         repeat_kv_backward,
         heads_of_rank,
         merge_partials,
+        topk_mask,
+        delta_rule_update,
     )
 }
 

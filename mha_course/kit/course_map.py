@@ -84,6 +84,12 @@ NOTEBOOKS: list[tuple[str, str, str]] = [
         "Real gloo ranks on a CPU: heads split by tensor parallelism, ring attention, Ulysses — each = one process.",
     ),
     (
+        "16_sparse_and_linear_attention",
+        "Attention that skips keys",
+        "Top-k sparse attention with an indexer (= DeepSeek-V3.2); linear attention, the delta rule and "
+        "Gated DeltaNet (= Qwen3-Next); what a fixed state cannot recall; hybrid caches.",
+    ),
+    (
         "17_debugging_attention",
         "Debugging attention",
         "The closing clinic: uniform, collapsed and identical heads, NaN, leaking masks — caused, diagnosed, fixed.",

@@ -87,7 +87,7 @@ NOTEBOOKS: list[tuple[str, str, str]] = [
         "16_sparse_and_linear_attention",
         "Attention that skips keys",
         "Top-k sparse attention with an indexer (= DeepSeek-V3.2); linear attention, the delta rule and "
-        "Gated DeltaNet (= Qwen3-Next); what a fixed state cannot recall; hybrid caches.",
+        "Gated DeltaNet (= Qwen3-Next); associative recall measured; hybrid caches.",
     ),
     (
         "17_debugging_attention",

@@ -23,6 +23,6 @@ positions_lab             11        shift/order experiments per position scheme,
 beyond_gqa                12        cache-size tables, stacked windows, the tiny sink experiment, explorer
 backward_pass             13        MHA's gradients by hand, backward FLOPs, training memory, dS on a real sentence
 attention_across_devices  14        a first collective, head-layout and ring-schedule figures, traffic tables
-sparse_linear             16        decode-step costs, the needle and recall tasks, transformers' delta rule, hybrid caches
+sparse_linear             16        decode costs, needle and recall tasks, the delta rule in transformers
 ========================  ========  ===========================================================================
 """

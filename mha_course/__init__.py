@@ -34,6 +34,9 @@ The package has three layers, one folder each (``ls`` shows them):
     decoder     SwiGLU, LlamaDecoder(DecoderConfig) (.from_hf), generate_greedy
     distributed Ranks / launch (gloo ranks on this machine), heads_of_rank, TensorParallelAttention,
                 ring_attention, ulysses_attention, communication_bytes (attention across devices)
+    sparse      topk_sparse_attention, topk_mask, indexer_scores (DeepSeek-V3.2's top-k attention)
+    linear      gated_delta_rule (recurrent and chunked), delta_rule_step, linear_attention
+    hybrid      HYBRID_MODEL_CONFIGS (Qwen3-Next, Kimi Linear): layer schedules and their cache bytes
     validation  the argument checks every public function runs first
 * ``kit/`` — what every notebook uses: setup, plotting, widgets, quiz, verify, hint (the exercises'
   hint ladders), predict ("predict, then run"); plotting, widgets, quiz and verify load on first
@@ -62,11 +65,13 @@ from .distributed import (
 from .gqa import GroupedQueryAttention, repeat_kv
 from .heads import merge_heads, split_heads
 from .hf_interop import attention_from_hf
+from .hybrid import HYBRID_MODEL_CONFIGS, HybridModelConfig
 from .kit.hint_ladder import hint
 from .kit.predict import predict
 from .kit.setup import device, environment_report, setup
 from .kv_cache import KVCache
 from .latent import LatentCache, MultiHeadLatentAttention, mla_cache_bytes
+from .linear import delta_rule_step, gated_delta_rule, linear_attention
 from .masks import causal_mask, padding_mask, sliding_window_mask
 from .multihead import LoopedMultiHeadAttention, MultiHeadAttention
 from .positions import (
@@ -77,6 +82,7 @@ from .positions import (
     rope_frequencies,
     sinusoidal_positions,
 )
+from .sparse import indexer_scores, topk_mask, topk_sparse_attention
 from .tiled import merge_partials
 
 __version__ = "0.1.0"
@@ -155,4 +161,12 @@ __all__ = [
     "ulysses_attention",
     "communication_bytes",
     "merge_partials",
+    "topk_sparse_attention",
+    "topk_mask",
+    "indexer_scores",
+    "gated_delta_rule",
+    "delta_rule_step",
+    "linear_attention",
+    "HYBRID_MODEL_CONFIGS",
+    "HybridModelConfig",
 ]

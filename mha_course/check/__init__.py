@@ -35,6 +35,7 @@ from .modern import gated_output, softcap_scores
 from .per_head import multi_head_attention_per_head
 from .positions import apply_rope, llama3_frequencies, rope_step
 from .pretrained import previous_token_score
+from .sparse_linear import delta_rule_update, topk_mask
 from .specialize import ablate_heads
 from .split_merge import attend_in_heads
 from .streaming import cache_positions, sink_softmax
@@ -88,6 +89,8 @@ CHECKERS = {
         repeat_kv_backward,
         heads_of_rank,
         merge_partials,
+        topk_mask,
+        delta_rule_update,
     )
 }
 

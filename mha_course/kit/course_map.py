@@ -92,6 +92,12 @@ NOTEBOOKS: list[tuple[str, str, str]] = [
         "five families' layers loaded and proven.",
     ),
     (
+        "16_sparse_and_linear_attention",
+        "Attention that skips keys",
+        "Top-k sparse attention with an indexer (= DeepSeek-V3.2); linear attention, the delta rule and "
+        "Gated DeltaNet (= Qwen3-Next); associative recall measured; hybrid caches.",
+    ),
+    (
         "17_debugging_attention",
         "Debugging attention",
         "The closing clinic: uniform, collapsed and identical heads, NaN, leaking masks — caused, diagnosed, fixed.",

@@ -24,5 +24,6 @@ beyond_gqa                12        cache-size tables, stacked windows, the tiny
 backward_pass             13        MHA's gradients by hand, backward FLOPs, training memory, dS on a real sentence
 attention_across_devices  14        a first collective, head-layout and ring-schedule figures, traffic tables
 modern_layers             15        tiny runs for QK-norm and the output gate, the soft-cap figure, tiny HF models
+sparse_linear             16        decode costs, needle and recall tasks, the delta rule in transformers
 ========================  ========  ===========================================================================
 """

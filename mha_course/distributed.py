@@ -314,18 +314,22 @@ class Traffic:
     """Bytes this rank sends to other ranks, per kind of collective; every collective below goes
     through one of these methods.
 
-    * all_reduce counts the tensor's bytes (the payload every rank contributes; a ring all-reduce
-      moves 2(P-1)/P of it per rank over the wire);
+    * all_reduce counts the bytes a ring all-reduce sends per rank, 2(P-1)/P of the tensor's bytes
+      (rounded down): a reduce-scatter and an all-gather, each passing P-1 of its P chunks on, as
+      NCCL's and gloo's ring algorithms do (:func:`ring_all_reduce` is that algorithm written with
+      sends, and sends exactly these bytes); ``payload`` keeps the tensor's own bytes;
     * send counts the tensor's bytes;
     * all_to_all counts the chunks addressed to other ranks (a rank's own chunk stays put).
     """
 
     sent: dict = field(default_factory=dict)
     calls: dict = field(default_factory=dict)
+    payload: dict = field(default_factory=dict)
 
-    def _count(self, kind: str, nbytes: int) -> None:
+    def _count(self, kind: str, nbytes: int, payload: int | None = None) -> None:
         self.sent[kind] = self.sent.get(kind, 0) + int(nbytes)
         self.calls[kind] = self.calls.get(kind, 0) + 1
+        self.payload[kind] = self.payload.get(kind, 0) + int(nbytes if payload is None else payload)
 
     @property
     def total(self) -> int:
@@ -333,7 +337,8 @@ class Traffic:
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum ``x`` over the ranks, in place; returns ``x``."""
-        self._count("all_reduce", x.numel() * x.element_size())
+        P, nbytes = dist.get_world_size(), x.numel() * x.element_size()
+        self._count("all_reduce", 2 * (P - 1) * nbytes // P, payload=nbytes)  # what a ring sends per rank
         dist.all_reduce(x)
         return x
 
@@ -363,6 +368,46 @@ class Traffic:
         return torch.cat(received, dim=dim_in)
 
 
+def ring_all_reduce(x: torch.Tensor, traffic: Traffic | None = None) -> torch.Tensor:
+    """The sum of ``x`` over the ranks, by the ring algorithm, out of point-to-point sends; returns
+    a new tensor (``x`` unchanged), equal to ``dist.all_reduce``. Call on every rank.
+
+    The flattened tensor is cut into P chunks. Reduce-scatter: in P-1 steps each rank sends one
+    chunk's running sum to rank r+1 and adds the chunk arriving from r-1, after which rank r holds
+    the full sum of chunk r+1. All-gather: in P-1 more steps the finished chunks travel the same way.
+    Each rank sends 2(P-1) chunks, 2(P-1)/P of the payload (x's numel must be a multiple of P):
+    what :meth:`Traffic.all_reduce` counts.
+    """
+    validation.tensor("x", x)
+    rank, P = dist.get_rank(), dist.get_world_size()
+    if x.numel() % P:
+        raise ValueError(f"ring_all_reduce cuts x into {P} equal chunks: x has {x.numel()} numbers, not a multiple")
+    traffic = Traffic() if traffic is None else traffic
+    chunks = [c.clone() for c in x.flatten().chunk(P)]  # P chunks of numel/P
+    to, frm = (rank + 1) % P, (rank - 1) % P
+    for step in range(2 * (P - 1)):
+        out_i, in_i = (rank - step) % P, (rank - step - 1) % P  # the chunk sent on, the chunk arriving
+        chunks_in, requests = traffic.send_recv(chunks[out_i], to=to, frm=frm)
+        for request in requests:
+            request.wait()
+        if step < P - 1:
+            chunks[in_i] = chunks[in_i] + chunks_in  # reduce-scatter: add the running sum that arrived
+        else:
+            chunks[in_i] = chunks_in  # all-gather: a finished sum replaces the stale one
+    return torch.cat(chunks).view_as(x)
+
+
+def ring_all_reduce_rank(x):
+    """A rank's job: ``x`` times (rank + 1), summed by :func:`ring_all_reduce` and by
+    ``dist.all_reduce``; returns ``(max abs difference, bytes the ring's sends carried, bytes
+    Traffic.all_reduce counts for the same tensor)``."""
+    mine = x * (dist.get_rank() + 1)
+    ring, counter = Traffic(), Traffic()
+    by_sends = ring_all_reduce(mine, ring)
+    reference = counter.all_reduce(mine.clone())
+    return (by_sends - reference).abs().max().item(), ring.sent["send"], counter.sent["all_reduce"]
+
+
 # ---------------------------------------------------------------------------------------------
 # tensor parallelism: heads are the unit
 
@@ -372,8 +417,11 @@ def heads_of_rank(rank: int, world_size: int, num_heads: int, num_kv_heads: int 
 
     Query heads are dealt out in contiguous blocks of ``num_heads // world_size`` (rank r holds
     heads r·h/P ... (r+1)·h/P - 1, i.e. rows r·h/P·d_head onward of W_Q). A rank holds the K/V
-    heads its query heads read (query head i reads KV head i // (h / h_kv)): when there are fewer
-    KV heads than ranks, each KV head is replicated on the h_kv-th part of the ranks that share it.
+    heads its query heads read (query head i reads KV head i // (h / h_kv)): split, h_kv/P per rank,
+    when h_kv is a multiple of P; replicated when P is a multiple of h_kv (each KV head on P/h_kv
+    ranks). Any other h_kv is a ValueError, since a KV head would straddle two ranks (P = 2, h = 12,
+    h_kv = 3 would give ranks KV heads [0, 1] and [1, 2]); vLLM's attention layers assert the same
+    (``vllm/model_executor/models/llama.py``, ``LlamaAttention``).
     Returns ``(q_heads, kv_heads)``, two int64 tensors of head indices, ascending.
     """
     validation.positive_int("world_size", world_size)
@@ -385,6 +433,12 @@ def heads_of_rank(rank: int, world_size: int, num_heads: int, num_kv_heads: int 
         raise ValueError(
             f"num_heads={num_heads} is not divisible by world_size={world_size}: tensor parallelism gives "
             f"every rank whole heads; choose a world size that divides {num_heads}"
+        )
+    if num_kv_heads % world_size and world_size % num_kv_heads:
+        raise ValueError(
+            f"num_kv_heads={num_kv_heads} is neither a multiple nor a divisor of world_size={world_size}: "
+            f"a KV head would be shared by ranks that also hold other KV heads; choose a world size that "
+            f"divides {num_kv_heads} or is a multiple of it"
         )
     per_rank = num_heads // world_size
     q_heads = torch.arange(rank * per_rank, (rank + 1) * per_rank)  # (h/P,)
@@ -621,16 +675,24 @@ def ulysses_attention(q, k, v, *, causal: bool = False, traffic: Traffic | None 
     """DeepSpeed-Ulysses: sequence-sharded in, sequence-sharded out, head-sharded in between.
 
     q (B, h, L/P, d_head), k and v (B, h_kv, L/P, d_head): this rank's contiguous block of
-    positions; h and h_kv must be divisible by P. An all-to-all sends head group j to rank j, so
-    each rank gets all L positions of h/P heads (B, h/P, L, d_head); it attends (causal or not) and
-    a second all-to-all returns each rank its positions of all heads. Returns (B, h, L/P, d_head).
+    positions; h must be divisible by P, and h_kv too, or else P a multiple of h_kv: then each KV
+    head is first repeated P/h_kv times (:func:`mha_course.repeat_kv`), so that every rank receives
+    the one KV head its query heads read. An all-to-all sends head group j to rank j, so each rank
+    gets all L positions of h/P heads (B, h/P, L, d_head); it attends (causal or not) and a second
+    all-to-all returns each rank its positions of all heads. Returns (B, h, L/P, d_head).
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         validation.tensor(name, t, dims=4, floating=True)
     P = dist.get_world_size()
-    for name, heads in (("num_heads", q.shape[1]), ("num_kv_heads", k.shape[1])):
-        if heads % P:
-            raise ValueError(f"Ulysses gives each rank whole heads: {name}={heads} is not divisible by {P} ranks")
+    if q.shape[1] % P:
+        raise ValueError(f"Ulysses gives each rank whole heads: num_heads={q.shape[1]} is not divisible by {P} ranks")
+    if k.shape[1] % P:
+        if P % k.shape[1]:
+            raise ValueError(
+                f"Ulysses gives each rank whole heads: num_kv_heads={k.shape[1]} is neither divisible by {P} ranks "
+                f"nor a divisor of it (then each KV head could be repeated to one per rank)"
+            )
+        k, v = repeat_kv(k, P // k.shape[1]), repeat_kv(v, P // k.shape[1])  # (B, P, L/P, d): one KV head per rank
     traffic = Traffic() if traffic is None else traffic
     q, k, v = (traffic.all_to_all(t, dim_out=1, dim_in=2) for t in (q, k, v))  # (B, h/P, L, d): heads ↔ positions
     L = q.shape[2]
@@ -664,14 +726,28 @@ def communication_bytes(
     world_size: int,
     bytes_per_element: int = 4,
     d_model: int | None = None,
+    direction: str = "forward",
 ) -> int:
-    """Bytes one rank sends per attention layer (forward), as :class:`Traffic` counts them.
+    """Bytes one rank sends over the wire for one attention layer, as :class:`Traffic` counts them,
+    in the ``direction`` "forward" (the default) or "backward".
 
-    * "tensor": one all-reduce of the (B, L, d_model) output: B·L·d_model elements
+    Forward:
+
+    * "tensor": one ring all-reduce of the (B, L, d_model) output, 2(P-1)/P of B·L·d_model elements
       (d_model defaults to h·d_head);
     * "ring": P-1 sends of the rank's K and V block: (P-1)·2·B·h_kv·(L/P)·d_head;
     * "ulysses": four all-to-alls (Q, K, V in, the output back), each sending (P-1)/P of the rank's
-      block: (P-1)/P · B·(L/P)·(2h + 2h_kv)·d_head (h and h_kv divisible by P, or ValueError).
+      block: (P-1)/P · B·(L/P)·(2h + 2h_kv')·d_head, where h_kv' = h_kv, or P when the KV heads are
+      repeated to one per rank (h divisible by P; h_kv divisible by P or dividing it; else ValueError).
+
+    Backward (the same bytes per element):
+
+    * "tensor": the same all-reduce once more, of dx at the layer's input (Megatron-LM's f operator:
+      identity forward, all-reduce backward; Shoeybi et al. 2019, §3);
+    * "ring": the K/V blocks go round again (P-1 sends) and the dK/dV accumulators travel with them,
+      one step further so that they end on their own rank (P sends): (2P-1)·2·B·h_kv·(L/P)·d_head,
+      as in the backward of ring-flash-attention (github.com/zhuzilin/ring-flash-attention);
+    * "ulysses": the four all-to-alls in reverse (dO in; dQ, dK, dV back): the forward's bytes.
     """
     for name, value in (
         ("batch", batch),
@@ -682,18 +758,21 @@ def communication_bytes(
         ("world_size", world_size),
     ):
         validation.positive_int(name, value)
+    if direction not in ("forward", "backward"):
+        raise ValueError(f"direction must be 'forward' or 'backward', got direction={direction!r}")
     P, B, L, h, h_kv, d = world_size, batch, length, num_heads, num_kv_heads, head_dim
     if scheme == "tensor":
-        elements = B * L * (h * d if d_model is None else d_model)
+        elements = 2 * (P - 1) * B * L * (h * d if d_model is None else d_model) // P
     elif scheme == "ring":
-        elements = (P - 1) * 2 * B * h_kv * (L // P) * d
+        blocks = P - 1 if direction == "forward" else 2 * P - 1
+        elements = blocks * 2 * B * h_kv * (L // P) * d
     elif scheme == "ulysses":
-        if h % P or h_kv % P:
+        if h % P or (h_kv % P and P % h_kv):
             raise ValueError(
-                f"Ulysses gives each rank whole heads: num_heads={h} and num_kv_heads={h_kv} must be divisible "
-                f"by world_size={P}"
+                f"Ulysses gives each rank whole heads: num_heads={h} must be divisible by world_size={P}, and "
+                f"num_kv_heads={h_kv} divisible by it or a divisor of it"
             )
-        elements = (P - 1) * B * (L // P) * (2 * h + 2 * h_kv) * d // P
+        elements = (P - 1) * B * (L // P) * (2 * h + 2 * max(h_kv, P)) * d // P
     else:
         raise ValueError(f"scheme must be 'tensor', 'ring' or 'ulysses', got scheme={scheme!r}")
     return elements * bytes_per_element

@@ -375,3 +375,25 @@ def test_launch_under_torchrun(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     for rank in (0, 1):
         assert (tmp_path / f"rank{rank}.txt").read_text() == "heads [[0, 1], [2, 3]] ok True", rank
+
+
+# --- the package's layout ----------------------------------------------------------------------
+
+
+def test_each_part_of_the_design_lives_in_its_own_module_and_keeps_its_public_name():
+    homes = {
+        "launcher": ["Ranks", "launch", "MAX_WORLD_SIZE"],
+        "traffic": ["Traffic", "ring_all_reduce"],
+        "tensor_parallel": ["heads_of_rank", "TensorParallelAttention", "tensor_parallel_rank", "dtensor_rank"],
+        "layouts": ["sequence_positions", "shard_sequence", "unshard_sequence"],
+        "ring": ["ring_attention", "ring_rank"],
+        "ulysses": ["ulysses_attention", "ulysses_rank"],
+        "costs": ["communication_bytes"],
+    }
+    import importlib
+
+    for module, names in homes.items():
+        home = importlib.import_module(f"mha_course.distributed.{module}")
+        for name in names:
+            assert getattr(md, name) is getattr(home, name), (module, name)
+    assert mc.ring_attention is md.ring_attention and mc.Ranks is md.Ranks  # the top-level names too

@@ -52,6 +52,8 @@ __all__ = [
     "repeat_kv_backward",
     "FlashAttentionFunction",
     "flash_attention",
+    "key_block_backward",
+    "two_pass_backward",
 ]
 
 
@@ -252,3 +254,92 @@ def flash_attention(q, k, v, mask=None, *, scale=None, block_size: int = 64, ena
     validation.positive_int("block_size", block_size)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     return FlashAttentionFunction.apply(q, k, v, mask, scale, block_size)
+
+
+# ---------------------------------------------------------------------------------------------
+# the backward with the key blocks in parallel
+
+
+def _tiles(Lq, Lk, block_size, mask):
+    """The (query rows, key cols, mask tile) of every tile that is not wholly masked, key blocks outer."""
+    for j in range(0, Lk, block_size):
+        cols = slice(j, j + block_size)
+        for i in range(0, Lq, block_size):
+            rows = slice(i, i + block_size)
+            tile = None if mask is None else mask[..., rows, cols]
+            if tile is None or tile.any():
+                yield rows, cols, tile
+
+
+def key_block_backward(q, k, v, out, lse, grad_out, mask=None, *, scale=None, block_size=64, order=None, race=False):
+    """FlashAttention-2's backward with each key block j as an independent worker, as a GPU runs them:
+    worker j computes dK_j and dV_j by itself, and its shares of every dQ_i go into one shared dQ.
+
+    Arguments as :func:`tiled_attention_backward`. ``order``: the order in which the workers' shares
+    of dQ arrive (a permutation of the key blocks; default ascending), standing for a GPU's
+    scheduling. The shared dQ is a float32 buffer and every share is added into it at once
+    (``race=False``: atomic adds, as FlashAttention-2 does; the sum is right in any order, though
+    its float32 rounding depends on the order). With ``race=True`` the workers do an unsynchronised
+    read-modify-write: all read dQ_i, add their share, then write back, so each dQ_i keeps only the
+    last writer's share and the others' updates are lost. Returns ``(dq, dk, dv)``; dq in float32.
+    """
+    *batch, Lq, Lk = (*q.shape[:-1], k.shape[-2])
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if mask is not None:
+        mask = torch.broadcast_to(mask, (*batch, Lq, Lk))
+    delta = (grad_out * out).sum(dim=-1, keepdim=True)  # (..., Lq, 1)
+    dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+    shares = {}  # key block j -> [(rows, dq share)]: what worker j adds into dQ
+    for rows, cols, tile in _tiles(Lq, Lk, block_size, mask):
+        dq_i, dk_j, dv_j = backward_tile(
+            q[..., rows, :], k[..., cols, :], v[..., cols, :], grad_out[..., rows, :],
+            lse[..., rows, :], delta[..., rows, :], scale=scale, mask=tile,
+        )  # fmt: skip
+        dk[..., cols, :] += dk_j  # worker j's own rows: no other worker writes them
+        dv[..., cols, :] += dv_j
+        shares.setdefault(cols.start, []).append((rows, dq_i))
+    blocks = sorted(shares) if order is None else [range(0, Lk, block_size)[n] for n in order]
+    dq = torch.zeros(q.shape, dtype=torch.float32)  # the shared buffer
+    if race:  # every worker reads dQ before any writes back: the last write wins
+        read = dq.clone()
+        for j in blocks:
+            for rows, dq_i in shares.get(j, []):
+                dq[..., rows, :] = read[..., rows, :] + dq_i.float()
+    else:
+        for j in blocks:
+            for rows, dq_i in shares.get(j, []):
+                dq[..., rows, :] += dq_i.float()  # an atomic add: read, add and write as one step
+    return dq, dk, dv
+
+
+def two_pass_backward(q, k, v, out, lse, grad_out, mask=None, *, scale=None, block_size=64):
+    """The deterministic backward: no two workers ever write the same gradient. Pass 1, one worker
+    per key block j, computes dK_j and dV_j (S, P, dV, dP, dS, dK: four products per tile); pass 2,
+    one worker per query block i, recomputes P and dS for its tiles and sums dQ_i itself (S, dP, dQ:
+    three products per tile). Seven products per tile instead of five, in exchange for no atomic
+    adds: the same result on every run. Arguments and return as :func:`tiled_attention_backward`.
+    """
+    *batch, Lq, Lk = (*q.shape[:-1], k.shape[-2])
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if mask is not None:
+        mask = torch.broadcast_to(mask, (*batch, Lq, Lk))
+    delta = (grad_out * out).sum(dim=-1, keepdim=True)  # (..., Lq, 1)
+    safe_lse = lse.masked_fill(lse == NEG_INF, math.inf)  # a query with no allowed key: P = 0, not NaN
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+
+    def p_and_ds(rows, cols, tile):  # the tile's weights and dS, recomputed from lse
+        s = q[..., rows, :] @ k[..., cols, :].transpose(-2, -1) * scale  # (..., bq, bk)
+        if tile is not None:
+            s = s.masked_fill(~tile, NEG_INF)
+        p = torch.exp(s - safe_lse[..., rows, :])  # (..., bq, bk)
+        dp = grad_out[..., rows, :] @ v[..., cols, :].transpose(-2, -1)  # (..., bq, bk)
+        return p, p * (dp - delta[..., rows, :])
+
+    for rows, cols, tile in _tiles(Lq, Lk, block_size, mask):  # pass 1: key blocks own dK_j, dV_j
+        p, ds = p_and_ds(rows, cols, tile)
+        dv[..., cols, :] += p.transpose(-2, -1) @ grad_out[..., rows, :]  # (..., bk, d_v)
+        dk[..., cols, :] += ds.transpose(-2, -1) @ q[..., rows, :] * scale  # (..., bk, d_k)
+    for rows, cols, tile in sorted(_tiles(Lq, Lk, block_size, mask), key=lambda t: t[0].start):  # pass 2
+        _, ds = p_and_ds(rows, cols, tile)
+        dq[..., rows, :] += ds @ k[..., cols, :] * scale  # (..., bq, d_k): query block i's own rows
+    return dq, dk, dv

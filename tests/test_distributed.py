@@ -388,6 +388,7 @@ def test_each_part_of_the_design_lives_in_its_own_module_and_keeps_its_public_na
         "layouts": ["sequence_positions", "shard_sequence", "unshard_sequence"],
         "ring": ["ring_attention", "ring_rank"],
         "ulysses": ["ulysses_attention", "ulysses_rank"],
+        "allgather": ["allgather_attention", "allgather_rank"],
         "costs": ["communication_bytes"],
     }
     import importlib
@@ -397,3 +398,20 @@ def test_each_part_of_the_design_lives_in_its_own_module_and_keeps_its_public_na
         for name in names:
             assert getattr(md, name) is getattr(home, name), (module, name)
     assert mc.ring_attention is md.ring_attention and mc.Ranks is md.Ranks  # the top-level names too
+
+
+@pytest.mark.parametrize("P", [2, 4])
+@pytest.mark.parametrize("layout", ["contiguous", "balanced"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_allgather_context_parallelism_equals_one_process_and_sends_the_rings_bytes(ranks, P, layout, causal):
+    B, h, h_kv, L, d = 2, 4, 2, 16, 4
+    q, k, v = _qkv(B, h, h_kv, L, d, torch.float64, seed=30 + P + causal)
+    results = ranks[P].run(md.allgather_rank, q, k, v, causal, layout)
+    out = md.unshard_sequence([r[0] for r in results], layout)
+    assert (out - _one_process(q, k, v, causal)).abs().max() < 1e-12
+    block = 2 * B * h_kv * (L // P) * d * 8  # one rank's K and V
+    ring = md.communication_bytes(
+        "ring", batch=B, length=L, num_heads=h, num_kv_heads=h_kv, head_dim=d, world_size=P, bytes_per_element=8
+    )
+    assert [r[1] for r in results] == [{"all_gather": (P - 1) * block}] * P
+    assert ring == (P - 1) * block

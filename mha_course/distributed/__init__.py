@@ -29,8 +29,8 @@ One module per part of the design (every name is also importable from here, as b
 * :mod:`.tensor_parallel` — :func:`heads_of_rank`, :class:`TensorParallelAttention`, and the
   DTensor reference :func:`dtensor_rank`;
 * context parallelism: :mod:`.layouts` (:func:`sequence_positions`, :func:`shard_sequence`,
-  :func:`unshard_sequence`), :mod:`.ring` (:func:`ring_attention`) and :mod:`.ulysses`
-  (:func:`ulysses_attention`);
+  :func:`unshard_sequence`), :mod:`.ring` (:func:`ring_attention`), :mod:`.ulysses`
+  (:func:`ulysses_attention`) and :mod:`.allgather` (:func:`allgather_attention`, Llama 3's);
 * :mod:`.costs` — :func:`communication_bytes`, the formulas.
 
 References: Shoeybi et al., "Megatron-LM" (2019, arXiv:1909.08053) §3; Liu, Zaharia & Abbeel,
@@ -42,6 +42,7 @@ for load-balancing the causal ring.
 
 from __future__ import annotations
 
+from .allgather import allgather_attention, allgather_rank
 from .costs import communication_bytes
 from .launcher import MAX_WORLD_SIZE, Ranks, launch
 from .layouts import sequence_positions, shard_sequence, unshard_sequence
@@ -68,5 +69,7 @@ __all__ = [
     "ring_rank",
     "ulysses_attention",
     "ulysses_rank",
+    "allgather_attention",
+    "allgather_rank",
     "communication_bytes",
 ]

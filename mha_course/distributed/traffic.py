@@ -21,7 +21,9 @@ class Traffic:
       NCCL's and gloo's ring algorithms do (:func:`ring_all_reduce` is that algorithm written with
       sends, and sends exactly these bytes); ``payload`` keeps the tensor's own bytes;
     * send counts the tensor's bytes;
-    * all_to_all counts the chunks addressed to other ranks (a rank's own chunk stays put).
+    * all_to_all counts the chunks addressed to other ranks (a rank's own chunk stays put);
+    * all_gather counts what a ring all-gather sends per rank: the P-1 blocks it passes on, each of
+      the tensor's size.
     """
 
     sent: dict = field(default_factory=dict)
@@ -50,6 +52,14 @@ class Traffic:
         self._count("send", x.numel() * x.element_size())
         buffer = torch.empty_like(x)
         return buffer, [dist.isend(x.contiguous(), to), dist.irecv(buffer, frm)]
+
+    def all_gather(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's ``x`` (all of the same shape), in rank order."""
+        P, nbytes = dist.get_world_size(), x.numel() * x.element_size()
+        self._count("all_gather", (P - 1) * nbytes, payload=nbytes)
+        gathered = [torch.empty_like(x) for _ in range(P)]
+        dist.all_gather(gathered, x.contiguous())
+        return gathered
 
     def all_to_all(self, x: torch.Tensor, dim_out: int, dim_in: int) -> torch.Tensor:
         """Split ``x`` into P chunks along ``dim_out``, send chunk j to rank j, and concatenate the

@@ -16,15 +16,22 @@ Backward, given dO = ∂loss/∂O (the same shape as O)::
 The softmax's Jacobian (Lk × Lk per query) is never built: its product with dP is the line for dS.
 A blocked key has P = 0, so it gets dS = 0 and no gradient; a query with no allowed key gets 0.
 
-FlashAttention-2 (Dao, 2023, arXiv:2307.08691, Algorithm 2) keeps from the forward only O and the
-log-sum-exp of each query's scores, lse = log Σ_j exp(s_ij) (one number per query), and recomputes
-P = exp(S − lse) tile by tile in the backward: for each block of keys it loops over the blocks of
-queries, adds that tile's share to dK_j, dV_j (held for the key block) and to dQ_i. No (Lq, Lk)
-matrix is ever held, at the price of computing S a second time.
+Recomputing the weights instead of storing them is FlashAttention's (Dao et al., 2022,
+arXiv:2205.14135, §3.1); FlashAttention-2 (Dao, 2023, arXiv:2307.08691, Algorithm 2) gives the loop
+order used here. The forward keeps only O and the log-sum-exp of each query's scores,
+lse = log Σ_j exp(s_ij) (one number per query), and the backward recomputes P = exp(S − lse) tile by
+tile: for each block of keys j it loops over the blocks of queries i, sums the tiles' shares of
+dK_j and dV_j in two accumulators that live for that key block only (written into dk, dv once, at
+the end of the step) and adds each tile's share of dQ_i into dq at once. No (Lq, Lk) matrix of
+scores or weights is ever held, at the price of computing S a second time.
 
 :class:`FlashAttentionFunction` is a ``torch.autograd.Function`` with this forward and backward, so
 ``loss.backward()`` runs through the course's own code; :func:`flash_attention` is its front door.
-Here the loops are Python: they save memory, not time.
+What it always saves is memory. In time, the loops here are Python over small products: they
+recompute Q Kᵀ (more FLOPs) but skip every tile that a mask blocks entirely (fewer FLOPs, e.g. the
+tiles above a causal diagonal, which autograd through a masked dense softmax computes anyway), so
+whether a step is faster or slower than autograd's depends on the mask and the tile size; the
+memory traffic that recomputation saves on a GPU plays no part on a CPU.
 """
 
 from __future__ import annotations
@@ -45,6 +52,8 @@ __all__ = [
     "repeat_kv_backward",
     "FlashAttentionFunction",
     "flash_attention",
+    "key_block_backward",
+    "two_pass_backward",
 ]
 
 
@@ -91,9 +100,12 @@ def tiled_attention_backward(q, k, v, out, lse, grad_out, mask=None, *, scale=No
     not broadcast); out (..., Lq, d_v) and lse (..., Lq, 1) from
     ``tiled_attention(q, k, v, mask, scale=scale, return_lse=True)``; grad_out (..., Lq, d_v);
     mask bool broadcastable to (..., Lq, Lk), True = may attend. Returns ``(dq, dk, dv)`` in the
-    shapes of q, k, v. Outer loop over key blocks, inner over query blocks (the paper's order: dK_j
-    and dV_j stay local to the outer step, dQ is accumulated); a tile whose mask is all False is
-    skipped. This function checks nothing: :func:`attention_backward` validates.
+    shapes of q, k, v. Outer loop over key blocks, inner over query blocks (FlashAttention-2's
+    order): dK_j and dV_j are summed over the query blocks in accumulators local to the outer step
+    and written once at its end; each tile's share of dQ_i is added into dq as soon as it is made
+    (read, add, write for every tile: the update that a GPU running the key blocks in parallel must
+    make atomic). A tile whose mask is all False is skipped. This function checks nothing:
+    :func:`attention_backward` validates.
     """
     *batch, Lq, Lk = (*q.shape[:-1], k.shape[-2])
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -103,6 +115,7 @@ def tiled_attention_backward(q, k, v, out, lse, grad_out, mask=None, *, scale=No
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     for j in range(0, Lk, block_size):
         cols = slice(j, j + block_size)
+        dk_acc, dv_acc = torch.zeros_like(k[..., cols, :]), torch.zeros_like(v[..., cols, :])  # (..., bk, d)
         for i in range(0, Lq, block_size):
             rows = slice(i, i + block_size)
             tile = None if mask is None else mask[..., rows, cols]  # (..., bq, bk)
@@ -112,9 +125,10 @@ def tiled_attention_backward(q, k, v, out, lse, grad_out, mask=None, *, scale=No
                 q[..., rows, :], k[..., cols, :], v[..., cols, :], grad_out[..., rows, :],
                 lse[..., rows, :], delta[..., rows, :], scale=scale, mask=tile,
             )  # fmt: skip
-            dq[..., rows, :] += dq_i  # (..., bq, d_k)
-            dk[..., cols, :] += dk_j  # (..., bk, d_k)
-            dv[..., cols, :] += dv_j  # (..., bk, d_v)
+            dq[..., rows, :] += dq_i  # (..., bq, d_k): dQ_i, updated by every key block
+            dk_acc += dk_j  # (..., bk, d_k): dK_j, local to this key block
+            dv_acc += dv_j  # (..., bk, d_v)
+        dk[..., cols, :], dv[..., cols, :] = dk_acc, dv_acc  # written once, when key block j is done
     return dq, dk, dv
 
 
@@ -197,8 +211,10 @@ def attention_backward(q, k, v, grad_out, mask=None, *, scale=None, block_size: 
 
 class FlashAttentionFunction(torch.autograd.Function):
     """softmax(q kᵀ · scale) v whose backward is FlashAttention-2's: the forward saves q, k, v,
-    the output and the log-sum-exp (..., Lq, 1) — never the (Lq, Lk) weights — and the backward
-    recomputes them tile by tile (:func:`tiled_attention_backward`).
+    the output and the log-sum-exp (..., Lq, 1) — never the (Lq, Lk) scores or weights — and the
+    backward recomputes them tile by tile (:func:`tiled_attention_backward`). It also saves the
+    caller's mask as given: a dense bool mask is Lq·Lk bytes (a quarter of one float32 score
+    matrix), where fused kernels take ``is_causal`` and compute the mask from indices.
 
     ``FlashAttentionFunction.apply(q, k, v, mask, scale, block_size)``; inputs validated by the
     caller (:func:`flash_attention`). Not twice differentiable.
@@ -209,7 +225,7 @@ class FlashAttentionFunction(torch.autograd.Function):
         batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
         qe, ke, ve = (t.expand(*batch, *t.shape[-2:]) for t in (q, k, v))  # views
         out, lse = tiled_attention(qe, ke, ve, mask, scale=scale, block_size=block_size, return_lse=True)
-        ctx.save_for_backward(q, k, v, out, lse, mask)  # O(L·d) numbers, plus the caller's mask
+        ctx.save_for_backward(q, k, v, out, lse, mask)  # O(L·d) numbers, plus the caller's mask as given
         ctx.scale, ctx.block_size = scale, block_size
         return out  # (..., Lq, d_v)
 
@@ -238,3 +254,92 @@ def flash_attention(q, k, v, mask=None, *, scale=None, block_size: int = 64, ena
     validation.positive_int("block_size", block_size)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     return FlashAttentionFunction.apply(q, k, v, mask, scale, block_size)
+
+
+# ---------------------------------------------------------------------------------------------
+# the backward with the key blocks in parallel
+
+
+def _tiles(Lq, Lk, block_size, mask):
+    """The (query rows, key cols, mask tile) of every tile that is not wholly masked, key blocks outer."""
+    for j in range(0, Lk, block_size):
+        cols = slice(j, j + block_size)
+        for i in range(0, Lq, block_size):
+            rows = slice(i, i + block_size)
+            tile = None if mask is None else mask[..., rows, cols]
+            if tile is None or tile.any():
+                yield rows, cols, tile
+
+
+def key_block_backward(q, k, v, out, lse, grad_out, mask=None, *, scale=None, block_size=64, order=None, race=False):
+    """FlashAttention-2's backward with each key block j as an independent worker, as a GPU runs them:
+    worker j computes dK_j and dV_j by itself, and its shares of every dQ_i go into one shared dQ.
+
+    Arguments as :func:`tiled_attention_backward`. ``order``: the order in which the workers' shares
+    of dQ arrive (a permutation of the key blocks; default ascending), standing for a GPU's
+    scheduling. The shared dQ is a float32 buffer and every share is added into it at once
+    (``race=False``: atomic adds, as FlashAttention-2 does; the sum is right in any order, though
+    its float32 rounding depends on the order). With ``race=True`` the workers do an unsynchronised
+    read-modify-write: all read dQ_i, add their share, then write back, so each dQ_i keeps only the
+    last writer's share and the others' updates are lost. Returns ``(dq, dk, dv)``; dq in float32.
+    """
+    *batch, Lq, Lk = (*q.shape[:-1], k.shape[-2])
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if mask is not None:
+        mask = torch.broadcast_to(mask, (*batch, Lq, Lk))
+    delta = (grad_out * out).sum(dim=-1, keepdim=True)  # (..., Lq, 1)
+    dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+    shares = {}  # key block j -> [(rows, dq share)]: what worker j adds into dQ
+    for rows, cols, tile in _tiles(Lq, Lk, block_size, mask):
+        dq_i, dk_j, dv_j = backward_tile(
+            q[..., rows, :], k[..., cols, :], v[..., cols, :], grad_out[..., rows, :],
+            lse[..., rows, :], delta[..., rows, :], scale=scale, mask=tile,
+        )  # fmt: skip
+        dk[..., cols, :] += dk_j  # worker j's own rows: no other worker writes them
+        dv[..., cols, :] += dv_j
+        shares.setdefault(cols.start, []).append((rows, dq_i))
+    blocks = sorted(shares) if order is None else [range(0, Lk, block_size)[n] for n in order]
+    dq = torch.zeros(q.shape, dtype=torch.float32)  # the shared buffer
+    if race:  # every worker reads dQ before any writes back: the last write wins
+        read = dq.clone()
+        for j in blocks:
+            for rows, dq_i in shares.get(j, []):
+                dq[..., rows, :] = read[..., rows, :] + dq_i.float()
+    else:
+        for j in blocks:
+            for rows, dq_i in shares.get(j, []):
+                dq[..., rows, :] += dq_i.float()  # an atomic add: read, add and write as one step
+    return dq, dk, dv
+
+
+def two_pass_backward(q, k, v, out, lse, grad_out, mask=None, *, scale=None, block_size=64):
+    """The deterministic backward: no two workers ever write the same gradient. Pass 1, one worker
+    per key block j, computes dK_j and dV_j (S, P, dV, dP, dS, dK: four products per tile); pass 2,
+    one worker per query block i, recomputes P and dS for its tiles and sums dQ_i itself (S, dP, dQ:
+    three products per tile). Seven products per tile instead of five, in exchange for no atomic
+    adds: the same result on every run. Arguments and return as :func:`tiled_attention_backward`.
+    """
+    *batch, Lq, Lk = (*q.shape[:-1], k.shape[-2])
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if mask is not None:
+        mask = torch.broadcast_to(mask, (*batch, Lq, Lk))
+    delta = (grad_out * out).sum(dim=-1, keepdim=True)  # (..., Lq, 1)
+    safe_lse = lse.masked_fill(lse == NEG_INF, math.inf)  # a query with no allowed key: P = 0, not NaN
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+
+    def p_and_ds(rows, cols, tile):  # the tile's weights and dS, recomputed from lse
+        s = q[..., rows, :] @ k[..., cols, :].transpose(-2, -1) * scale  # (..., bq, bk)
+        if tile is not None:
+            s = s.masked_fill(~tile, NEG_INF)
+        p = torch.exp(s - safe_lse[..., rows, :])  # (..., bq, bk)
+        dp = grad_out[..., rows, :] @ v[..., cols, :].transpose(-2, -1)  # (..., bq, bk)
+        return p, p * (dp - delta[..., rows, :])
+
+    for rows, cols, tile in _tiles(Lq, Lk, block_size, mask):  # pass 1: key blocks own dK_j, dV_j
+        p, ds = p_and_ds(rows, cols, tile)
+        dv[..., cols, :] += p.transpose(-2, -1) @ grad_out[..., rows, :]  # (..., bk, d_v)
+        dk[..., cols, :] += ds.transpose(-2, -1) @ q[..., rows, :] * scale  # (..., bk, d_k)
+    for rows, cols, tile in sorted(_tiles(Lq, Lk, block_size, mask), key=lambda t: t[0].start):  # pass 2
+        _, ds = p_and_ds(rows, cols, tile)
+        dq[..., rows, :] += ds @ k[..., cols, :] * scale  # (..., bq, d_k): query block i's own rows
+    return dq, dk, dv

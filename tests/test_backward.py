@@ -285,3 +285,74 @@ def test_saturation_shrinks_the_gradient():
     rows = lesson.saturation([1, 128, 512])
     assert rows[0]["max_weight"] < rows[1]["max_weight"] < rows[2]["max_weight"] <= 1
     assert rows[2]["grad_norm"] < 1e-3 * rows[0]["grad_norm"]
+
+
+# --- the backward with the key blocks in parallel -------------------------------------------------
+
+
+def _parallel_case(seed, mask_kind):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, do = (torch.randn(2, 3, 12, 4, generator=g, dtype=torch.float64) for _ in range(4))
+    mask = None
+    if mask_kind == "causal":
+        mask = torch.ones(12, 12, dtype=torch.bool).tril()
+    elif mask_kind == "no key for one query":
+        mask = torch.rand(2, 3, 12, 12, generator=g) < 0.6
+        mask[..., 0] = True
+        mask[1, 2, 5] = False
+    out, lse = tiled_attention(q, k, v, mask, return_lse=True)
+    q_, k_, v_ = (t.clone().requires_grad_() for t in (q, k, v))
+    torch.nn.functional.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask).nan_to_num(0.0).backward(do)
+    return (q, k, v, out, lse, do, mask), (q_.grad, k_.grad, v_.grad)
+
+
+@pytest.mark.parametrize("mask_kind", [None, "causal", "no key for one query"])
+@pytest.mark.parametrize("block_size", [3, 4, 5])
+def test_two_pass_backward_equals_autograd(mask_kind, block_size):
+    args, reference = _parallel_case(block_size, mask_kind)
+    grads = bw.two_pass_backward(*args, block_size=block_size)
+    for ours, ref in zip(grads, reference, strict=True):
+        assert (ours - ref.nan_to_num(0.0)).abs().max() < 1e-12
+
+
+@pytest.mark.parametrize("mask_kind", [None, "causal", "no key for one query"])
+def test_key_blocks_with_atomic_adds_equal_autograd_in_any_order(mask_kind):
+    args, (dq_ref, dk_ref, dv_ref) = _parallel_case(7, mask_kind)
+    dqs = []
+    for order in ([0, 1, 2, 3], [3, 1, 0, 2], [2, 3, 1, 0]):
+        dq, dk, dv = bw.key_block_backward(*args, block_size=3, order=order)
+        assert dq.dtype == torch.float32
+        assert (dq.double() - dq_ref.nan_to_num(0.0)).abs().max() < 1e-5  # a float32 buffer
+        assert (dk - dk_ref).abs().max() < 1e-12 and (dv - dv_ref).abs().max() < 1e-12
+        dqs.append(dq)
+    if mask_kind is None:  # float32 addition is not associative: another arrival order, other bits
+        assert not torch.equal(dqs[0], dqs[1]) or not torch.equal(dqs[0], dqs[2])
+
+
+def test_unsynchronised_dq_updates_are_lost():
+    args, (dq_ref, _, _) = _parallel_case(8, None)
+    q, k, v, out, lse, do, mask = args
+    raced, _, _ = bw.key_block_backward(*args, block_size=3, race=True)
+    assert (raced.double() - dq_ref).abs().max() > 0.1  # far from the gradient
+    # what is left of each dQ_i is the last key block's share alone: dS of keys 9-11 times their K
+    scores = q @ k.transpose(-2, -1) / 2.0
+    p = torch.softmax(scores, dim=-1)
+    ds = p * (do @ v.transpose(-2, -1) - (do * out).sum(-1, keepdim=True))
+    last = ds[..., 9:12] @ k[..., 9:12, :] / 2.0
+    assert (raced.double() - last).abs().max() < 1e-5
+
+
+def test_two_pass_costs_seven_products_per_tile_instead_of_five():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    args, _ = _parallel_case(9, None)
+
+    def flops(fn):
+        with FlopCounterMode(display=False) as counter:
+            fn(*args, block_size=4)
+        return counter.get_total_flops()
+
+    one_pass, two_pass = flops(bw.tiled_attention_backward), flops(bw.two_pass_backward)
+    B, h, L, d = args[0].shape
+    assert one_pass == 5 * 2 * B * h * L * L * d  # S, dV, dP, dQ, dK: 5 products of L·L·d per head
+    assert two_pass == 7 * 2 * B * h * L * L * d

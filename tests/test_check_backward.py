@@ -38,13 +38,32 @@ def softmax_autograd(p, dp):  # let autograd do it: softmax of log p gives p bac
     return torch.where(p > 0, s.grad, 0.0)
 
 
+def softmax_functional_jacobian(p, dp):  # autograd builds each row's Jacobian, then the product
+    rows = [torch.autograd.functional.jacobian(lambda s: torch.softmax(s, -1), r.log()).T @ g for r, g in
+            zip(p.reshape(-1, p.shape[-1]), dp.reshape(-1, p.shape[-1]), strict=True)]  # fmt: skip
+    return torch.where(p > 0, torch.stack(rows).reshape(p.shape), 0.0)
+
+
 def softmax_einsum(p, dp):
     return p * dp - p * torch.einsum("...k,...k->...", p, dp)[..., None]
 
 
-@pytest.mark.parametrize("fn", [softmax_jacobian, softmax_autograd, softmax_einsum])
+def softmax_row_loop(p, dp):  # one row at a time, a dot product per row: no Jacobian
+    flat_p, flat_dp = p.reshape(-1, p.shape[-1]), dp.reshape(-1, p.shape[-1])
+    rows = [r * (g - torch.dot(r, g)) for r, g in zip(flat_p, flat_dp, strict=True)]
+    return torch.stack(rows).reshape(p.shape)
+
+
+@pytest.mark.parametrize("fn", [softmax_autograd, softmax_einsum, softmax_row_loop])
 def test_softmax_backward_accepts(fn):
     assert_passes(mc.check.softmax_backward(fn))
+
+
+@pytest.mark.parametrize("fn", [softmax_jacobian, softmax_functional_jacobian])
+def test_softmax_backward_tells_a_jacobian_solution_so(fn):
+    result = mc.check.softmax_backward(fn)
+    assert_diagnosed(result, checks.SOFTMAX_BACKWARD_MISTAKES, "builds the Jacobian")
+    assert "4,096" in result.details  # one 64 × 64 row Jacobian: the size that gave it away
 
 
 SOFTMAX_WRONG = {
@@ -68,7 +87,7 @@ def test_softmax_backward_mistakes(name):
 
 def tile_straight(q_i, k_j, v_j, do_i, lse_i, delta_i, *, scale, mask=None, flaws=()):
     """A learner's tile, with optional flaws (each a mistake the checker should name)."""
-    s = torch.einsum("...qd,...kd->...qk", q_i, k_j) * scale
+    s = torch.einsum("...qd,...kd->...qk", q_i, k_j) * (1.0 if "scores" in flaws else scale)
     if mask is not None:
         s = torch.where(mask, s, float("-inf"))
     if "tile softmax" in flaws:
@@ -81,6 +100,8 @@ def tile_straight(q_i, k_j, v_j, do_i, lse_i, delta_i, *, scale, mask=None, flaw
         p = torch.where(torch.isfinite(lse_i), (s - lse_i).exp(), 0.0)
     dv = p @ do_i if "dv" in flaws else torch.einsum("...qk,...qd->...kd", p, do_i)
     dp = torch.einsum("...qd,...kd->...qk", do_i, v_j)
+    if "tile D" in flaws:
+        delta_i = torch.einsum("...qk,...qk->...q", p, dp)[..., None]
     ds = p * dp if "delta" in flaws else p * (dp - delta_i)
     c = 1.0 if "scale" in flaws else scale
     dq = torch.einsum("...qk,...kd->...qd", ds, k_j) * c
@@ -113,7 +134,10 @@ TILE_WRONG = {
     "dk transpose": "dk",
     "tile softmax instead of lse": "tile softmax",
     "exp without lse": "exp",
-    "no scale": "scale",
+    "no scale": ("scale",),
+    "scores not scaled": ("scores",),
+    "scale left off everywhere": ("scores", "scale"),
+    "D from the tile": ("tile D",),
     "NaN for a row with no allowed key": "nan",
 }
 
@@ -121,7 +145,8 @@ TILE_WRONG = {
 @pytest.mark.parametrize("name", TILE_WRONG)
 def test_backward_tile_mistakes(name):
     def learner(*args, **kwargs):
-        return tile_straight(*args, **kwargs, flaws=(TILE_WRONG[name],))
+        flaws = TILE_WRONG[name]
+        return tile_straight(*args, **kwargs, flaws=flaws if isinstance(flaws, tuple) else (flaws,))
 
     assert_diagnosed(mc.check.backward_tile(learner), checks.BACKWARD_TILE_MISTAKES, name)
 

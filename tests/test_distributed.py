@@ -48,7 +48,8 @@ def test_tensor_parallel_mha_equals_one_process(ranks, P, dtype):
     for rank, (out, (q_heads, kv_heads), sent) in enumerate(results):
         assert (out - expected).abs().max() < _tol(dtype), rank
         assert q_heads == list(range(rank * 8 // P, (rank + 1) * 8 // P)) == kv_heads
-        assert sent == {"all_reduce": 2 * 6 * 32 * x.element_size()}  # one (B, L, d_model) all-reduce
+        payload = 2 * 6 * 32 * x.element_size()  # one (B, L, d_model) all-reduce
+        assert sent == {"all_reduce": 2 * (P - 1) * payload // P}  # what a ring all-reduce sends per rank
 
 
 @pytest.mark.parametrize(
@@ -78,6 +79,10 @@ def test_heads_of_rank_rejects_bad_splits():
         md.heads_of_rank(2, 2, 4, 4)
     with pytest.raises(ValueError, match="num_heads=6 is not divisible"):
         md.TensorParallelAttention(mc.MultiHeadAttention(12, 6), 0, 4)
+    # 12 query heads, 3 KV heads on 2 ranks: rank 0 would read KV heads [0, 1], rank 1 [1, 2]
+    with pytest.raises(ValueError, match="num_kv_heads=3 is neither a multiple nor a divisor of world_size=2"):
+        md.heads_of_rank(0, 2, 12, 3)
+    assert md.heads_of_rank(1, 4, 12, 2)[1].tolist() == [0]  # 4 = 2·2: each KV head on two ranks
     with pytest.raises(TypeError, match="MultiHeadAttention or GroupedQueryAttention"):
         md.TensorParallelAttention(torch.nn.Linear(4, 4), 0, 2)
 
@@ -186,6 +191,22 @@ def test_ulysses_equals_one_process(ranks, P, causal, dtype):
     assert formula == by_hand
 
 
+@pytest.mark.parametrize(("h", "h_kv"), [(8, 2), (4, 1)])
+def test_ulysses_repeats_too_few_kv_heads_to_one_per_rank(ranks, h, h_kv):
+    B, L, d, P = 2, 8, 4, 4
+    q, k, v = _qkv(B, h, h_kv, L, d, torch.float64, seed=h + h_kv)
+    results = ranks[P].run(md.ulysses_rank, q, k, v, True)
+    out = md.unshard_sequence([r[0] for r in results])
+    assert (out - _one_process(q, k, v, True)).abs().max() < 1e-12
+    chunk = B * (L // P) * d * q.element_size()  # one head of one rank's block
+    by_hand = 2 * (P - 1) * (h // P) * chunk + 2 * (P - 1) * 1 * chunk  # Q and out; K and V, one head per rank
+    formula = md.communication_bytes(
+        "ulysses", batch=B, length=L, num_heads=h, num_kv_heads=h_kv, head_dim=d, world_size=P, bytes_per_element=8
+    )
+    assert [r[1] for r in results] == [{"all_to_all": by_hand}] * P
+    assert formula == by_hand
+
+
 def test_ulysses_needs_heads_divisible_by_ranks():
     q, k, v = _qkv(1, 3, 3, 8, 4, torch.float64, seed=0)
     with pytest.raises(RuntimeError, match="num_heads=3 is not divisible by 2 ranks"):
@@ -193,15 +214,58 @@ def test_ulysses_needs_heads_divisible_by_ranks():
 
 
 def test_ulysses_formula_needs_heads_divisible_by_ranks():
-    with pytest.raises(ValueError, match="num_kv_heads=8 must be divisible by world_size=16"):
-        md.communication_bytes("ulysses", batch=1, length=64, num_heads=32, num_kv_heads=8, head_dim=4, world_size=16)
+    with pytest.raises(ValueError, match="num_kv_heads=3 divisible by it or a divisor of it"):
+        md.communication_bytes("ulysses", batch=1, length=64, num_heads=32, num_kv_heads=3, head_dim=4, world_size=16)
 
 
 def test_tensor_parallel_bytes_formula():
+    payload = 2 * 6 * 32 * 4
     assert (
         md.communication_bytes("tensor", batch=2, length=6, num_heads=8, num_kv_heads=8, head_dim=4, world_size=4)
-        == 2 * 6 * 32 * 4
+        == 2 * 3 * payload // 4
     )
+
+
+LLAMA = dict(batch=1, length=131072, num_heads=32, num_kv_heads=8, head_dim=128, bytes_per_element=2)
+
+
+def test_wire_bytes_of_a_llama_3_8b_like_layer():
+    mib = {
+        (scheme, P): md.communication_bytes(scheme, **LLAMA, world_size=P) / 2**20
+        for scheme in ("tensor", "ring", "ulysses")
+        for P in (4, 8, 16)
+    }
+    # the all-reduce's payload is B·L·d_model·2 bytes = 1,024 MiB; a ring sends 2(P-1)/P of it
+    assert [mib["tensor", P] for P in (4, 8, 16)] == [1536, 1792, 1920]
+    assert [mib["ring", P] for P in (4, 8, 16)] == [384, 448, 480]  # (P-1)/P of 2·h_kv·L·d_head·2 bytes
+    # 16 ranks, 8 KV heads: each repeated twice, so K and V count as 16 heads
+    assert [mib["ulysses", P] for P in (4, 8, 16)] == [480, 280, 180]
+
+
+def test_backward_bytes():
+    for P in (2, 4, 8):
+        forward = {s: md.communication_bytes(s, **LLAMA, world_size=P) for s in ("tensor", "ring", "ulysses")}
+        backward = {
+            s: md.communication_bytes(s, **LLAMA, world_size=P, direction="backward")
+            for s in ("tensor", "ring", "ulysses")
+        }
+        assert backward["tensor"] == forward["tensor"]  # the all-reduce of dx
+        assert backward["ulysses"] == forward["ulysses"]  # the same four all-to-alls, reversed
+        block = 2 * 1 * 8 * (131072 // P) * 128 * 2  # one rank's K and V block, bf16
+        assert forward["ring"] == (P - 1) * block
+        assert backward["ring"] == (P - 1) * block + P * block  # K/V round again, dK/dV one step further
+    with pytest.raises(ValueError, match="direction must be 'forward' or 'backward'"):
+        md.communication_bytes("ring", **LLAMA, world_size=4, direction="both")
+
+
+@pytest.mark.parametrize("P", [2, 4])
+def test_ring_all_reduce_equals_all_reduce_and_sends_what_the_counter_counts(ranks, P):
+    x = torch.randn(3, 8, generator=_seeded(P), dtype=torch.float64)
+    results = ranks[P].run(md.ring_all_reduce_rank, x)
+    payload = x.numel() * x.element_size()
+    for error, by_sends, counted in results:
+        assert error < 1e-12
+        assert by_sends == counted == 2 * (P - 1) * payload // P
 
 
 # --- the merge and the sharding helpers (one process) -----------------------------------------
@@ -311,3 +375,43 @@ def test_launch_under_torchrun(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     for rank in (0, 1):
         assert (tmp_path / f"rank{rank}.txt").read_text() == "heads [[0, 1], [2, 3]] ok True", rank
+
+
+# --- the package's layout ----------------------------------------------------------------------
+
+
+def test_each_part_of_the_design_lives_in_its_own_module_and_keeps_its_public_name():
+    homes = {
+        "launcher": ["Ranks", "launch", "MAX_WORLD_SIZE"],
+        "traffic": ["Traffic", "ring_all_reduce"],
+        "tensor_parallel": ["heads_of_rank", "TensorParallelAttention", "tensor_parallel_rank", "dtensor_rank"],
+        "layouts": ["sequence_positions", "shard_sequence", "unshard_sequence"],
+        "ring": ["ring_attention", "ring_rank"],
+        "ulysses": ["ulysses_attention", "ulysses_rank"],
+        "allgather": ["allgather_attention", "allgather_rank"],
+        "costs": ["communication_bytes"],
+    }
+    import importlib
+
+    for module, names in homes.items():
+        home = importlib.import_module(f"mha_course.distributed.{module}")
+        for name in names:
+            assert getattr(md, name) is getattr(home, name), (module, name)
+    assert mc.ring_attention is md.ring_attention and mc.Ranks is md.Ranks  # the top-level names too
+
+
+@pytest.mark.parametrize("P", [2, 4])
+@pytest.mark.parametrize("layout", ["contiguous", "balanced"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_allgather_context_parallelism_equals_one_process_and_sends_the_rings_bytes(ranks, P, layout, causal):
+    B, h, h_kv, L, d = 2, 4, 2, 16, 4
+    q, k, v = _qkv(B, h, h_kv, L, d, torch.float64, seed=30 + P + causal)
+    results = ranks[P].run(md.allgather_rank, q, k, v, causal, layout)
+    out = md.unshard_sequence([r[0] for r in results], layout)
+    assert (out - _one_process(q, k, v, causal)).abs().max() < 1e-12
+    block = 2 * B * h_kv * (L // P) * d * 8  # one rank's K and V
+    ring = md.communication_bytes(
+        "ring", batch=B, length=L, num_heads=h, num_kv_heads=h_kv, head_dim=d, world_size=P, bytes_per_element=8
+    )
+    assert [r[1] for r in results] == [{"all_gather": (P - 1) * block}] * P
+    assert ring == (P - 1) * block

@@ -52,15 +52,58 @@ SOFTMAX_BACKWARD_MISTAKES = mistakes(
         "not multiplied by the weights": lambda p, dp: dp - (p * dp).sum(dim=-1, keepdim=True),
         "rowsum over the wrong axis": lambda p, dp: p * (dp - (p * dp).sum(dim=-2, keepdim=True)),
         "Jacobian diagonal only": lambda p, dp: p * (1 - p) * dp,
+        # right values, wrong method: told apart by the size of what the function builds, not by its output
+        "builds the Jacobian": _softmax_reference,
     },
 )
+
+_PROBE_LQ, _PROBE_LK = 2, 64  # one row's Jacobian is 64 × 64 = 4,096 numbers, the whole input 128
+
+
+def _largest_tensor(fn, *args) -> int:
+    """The most numbers in any one tensor that ``fn(*args)`` creates (every aten op's outputs,
+    autograd's included), under ``torch.no_grad()`` like the learner's checked calls."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class _Largest(TorchDispatchMode):
+        most = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            sizes = [t.numel() for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+            self.most = max([self.most, *sizes])
+            return out
+
+    with torch.random.fork_rng(devices=[]), torch.no_grad(), _Largest() as mode:
+        try:
+            fn(*args)
+        except Exception:  # noqa: BLE001 - the cases already ran it; a probe never raises
+            return 0
+    return mode.most
+
+
+def _builds_a_jacobian(fn) -> CheckResult | None:
+    """A failed result if ``fn`` makes a tensor of an Lk × Lk matrix's size or more (8 × its input)."""
+    g = tensor_generator()
+    p = torch.softmax(torch.randn(_PROBE_LQ, _PROBE_LK, generator=g), dim=-1)
+    most = _largest_tensor(fn, p, torch.randn(_PROBE_LQ, _PROBE_LK, generator=g))
+    if most < 8 * p.numel():
+        return None
+    words = next(m.diagnosis for m in SOFTMAX_BACKWARD_MISTAKES if m.name == "builds the Jacobian")
+    details = (
+        f"for weights of {_PROBE_LQ} × {_PROBE_LK} your function made a tensor of {most:,} numbers; "
+        f"the input holds {p.numel():,}, one row's Jacobian {_PROBE_LK**2:,}"
+    )
+    return CheckResult(False, f"softmax_backward: likely mistake — {words}", details)
 
 
 def softmax_backward(fn) -> CheckResult:
     """Check ``fn(weights, grad_weights) -> grad_scores``: weights (..., Lq, Lk) = softmax(scores)
     along the last dim, grad_weights (..., Lq, Lk) = ∂loss/∂weights; returns ∂loss/∂scores,
-    the same shape. A row of weights that is all 0 (no allowed key) must give 0."""
-    return run_check(
+    the same shape. A row of weights that is all 0 (no allowed key) must give 0. Right values from
+    a built Jacobian (a tensor of Lk × Lk numbers per query) fail: the exercise is to avoid it."""
+    result = run_check(
         "softmax_backward",
         fn,
         _softmax_cases(),
@@ -69,6 +112,8 @@ def softmax_backward(fn) -> CheckResult:
         arg_names=("weights", "grad_weights"),
         output_label="grad_scores",
     )
+    jacobian = _builds_a_jacobian(fn) if result.passed else None  # a CheckResult is falsy when failed
+    return result if jacobian is None else jacobian
 
 
 # ---------------------------------------------------------------------------------------------
@@ -80,6 +125,8 @@ def _tile_variant(q_i, k_j, v_j, do_i, lse_i, delta_i, *, scale, mask=None, **ch
     s = q_i @ k_j.transpose(-2, -1) * scale
     if mask is not None:
         s = s.masked_fill(~mask, _INF)
+    if change.get("unscaled_scores"):
+        s = s / scale
     lse = lse_i if change.get("nan_row") else lse_i.masked_fill(lse_i == _INF, math.inf)
     if change.get("p") == "tile softmax":
         p = torch.softmax(s, dim=-1).nan_to_num(0.0)
@@ -89,6 +136,8 @@ def _tile_variant(q_i, k_j, v_j, do_i, lse_i, delta_i, *, scale, mask=None, **ch
         p = torch.exp(s - lse)
     dv = p @ do_i if change.get("dv_transpose") else p.transpose(-2, -1) @ do_i
     dp = do_i @ v_j.transpose(-2, -1)
+    if change.get("tile_delta"):
+        delta_i = (p * dp).sum(dim=-1, keepdim=True)  # over this tile's keys only
     ds = p * dp if change.get("no_delta") else p * (dp - delta_i)
     c = 1.0 if change.get("no_scale") else scale
     dq = ds @ k_j * c
@@ -141,6 +190,9 @@ BACKWARD_TILE_MISTAKES = mistakes(
         "tile softmax instead of lse": lambda *a, **kw: _tile_variant(*a, **kw, p="tile softmax"),
         "exp without lse": lambda *a, **kw: _tile_variant(*a, **kw, p="exp"),
         "no scale": lambda *a, **kw: _tile_variant(*a, **kw, no_scale=True),
+        "scores not scaled": lambda *a, **kw: _tile_variant(*a, **kw, unscaled_scores=True),
+        "scale left off everywhere": lambda *a, **kw: _tile_variant(*a, **kw, unscaled_scores=True, no_scale=True),
+        "D from the tile": lambda *a, **kw: _tile_variant(*a, **kw, tile_delta=True),
         "NaN for a row with no allowed key": lambda *a, **kw: _tile_variant(*a, **kw, nan_row=True),
     },
 )

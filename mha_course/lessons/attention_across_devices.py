@@ -113,8 +113,9 @@ def draw_ring_schedule(world_size: int):
     return fig
 
 
-def communication_rows(configs, *, bytes_per_element: int = 2):
-    """Rows (config..., tensor MiB, ring MiB, Ulysses MiB) of bytes one rank sends per layer, from
+def communication_rows(configs, *, bytes_per_element: int = 2, direction: str = "forward"):
+    """Rows (config..., tensor MiB, ring MiB, Ulysses MiB) of the bytes one rank sends over the wire
+    per layer in ``direction`` ("forward" or "backward"), from
     :func:`mha_course.distributed.communication_bytes`; ``configs``: dicts with batch, length,
     num_heads, num_kv_heads, head_dim, world_size. Ulysses is None where it cannot split the heads."""
     rows = []
@@ -122,8 +123,9 @@ def communication_rows(configs, *, bytes_per_element: int = 2):
         sent = []
         for scheme in ("tensor", "ring", "ulysses"):
             try:
-                sent.append(md.communication_bytes(scheme, **c, bytes_per_element=bytes_per_element) / 2**20)
-            except ValueError:  # fewer heads than ranks
+                nbytes = md.communication_bytes(scheme, **c, bytes_per_element=bytes_per_element, direction=direction)
+                sent.append(nbytes / 2**20)
+            except ValueError:  # heads that cannot be dealt out whole
                 sent.append(None)
         rows.append((c["length"], c["world_size"], c["num_heads"], c["num_kv_heads"], *sent))
     return rows

@@ -120,13 +120,18 @@ def _train_step(attend, q, k, v, grad_out):
 
 
 def training_memory(lengths, *, batch=1, num_heads=4, d_head=32, block_size=128, repeats=3, progress=None):
-    """Peak memory and time of one training step (forward + backward) of attention at each length L:
-    autograd through ``mc.scaled_dot_product_attention`` (its graph stores the (L, L) weights) vs
-    :func:`mha_course.flash_attention` (stores the log-sum-exp, recomputes the weights), causal.
+    """Peak memory, FLOPs and time of one training step (forward + backward) of attention at each
+    length L: autograd through ``mc.scaled_dot_product_attention`` (its graph stores the (L, L)
+    weights) vs :func:`mha_course.flash_attention` (stores the log-sum-exp, recomputes the weights),
+    causal, and the same two steps without a mask (where no tile can be skipped).
 
-    Returns one row per L: {"L", "stored_bytes", "recomputed_bytes", "score_bytes" (one B·h·L²
-    float32 matrix), "time_ratio" (recomputed / stored, medians of round-robin timings)}. Runs on
-    one thread: the recomputing loop is many small products, which extra threads only slow down.
+    Returns one row per L: {"L", "stored_bytes", "recomputed_bytes" (peak memory, causal),
+    "score_bytes" (one B·h·L² float32 matrix), "mask_bytes" (the dense (L, L) bool causal mask that
+    both steps are given and :class:`mha_course.backward.FlashAttentionFunction` saves),
+    "flop_ratio", "flop_ratio_unmasked" (recomputed / stored, matrix-product FLOPs counted by
+    ``FlopCounterMode``), "time_ratio", "time_ratio_unmasked" (recomputed / stored, medians of
+    round-robin timings)}. Runs on one thread: the recomputing loop is many small products, which
+    extra threads only slow down.
     """
     with fixed_threads(1):
         return _training_memory(lengths, batch, num_heads, d_head, block_size, repeats, progress)
@@ -150,12 +155,19 @@ def _training_memory(lengths, batch, num_heads, d_head, block_size, repeats, pro
     for L in lengths:
         q, k, v, go = (torch.randn(batch, num_heads, L, d_head, generator=g) for _ in range(4))
         mask = torch.ones(L, L, dtype=torch.bool).tril()
-        steps = _steps(q, k, v, go, mask, block_size)
-        row = {"L": L, "score_bytes": batch * num_heads * L * L * 4}
-        for name, step in steps.items():
+        causal = _steps(q, k, v, go, mask, block_size)
+        unmasked = _steps(q, k, v, go, None, block_size)
+        row = {"L": L, "score_bytes": batch * num_heads * L * L * 4, "mask_bytes": mask.numel() * mask.element_size()}
+        for name, step in causal.items():
             row[f"{name}_bytes"] = peak_memory(step)
-        times = round_robin_times(steps, repeats=repeats, warmup=1)
-        row["time_ratio"] = statistics.median(times["recomputed"]) / statistics.median(times["stored"])
+        for suffix, steps in (("", causal), ("_unmasked", unmasked)):
+            row[f"flop_ratio{suffix}"] = _count(steps["recomputed"]) / _count(steps["stored"])
+        times = round_robin_times(
+            {**causal, **{f"{name} unmasked": step for name, step in unmasked.items()}}, repeats=repeats, warmup=1
+        )
+        for suffix in ("", " unmasked"):
+            median = {name: statistics.median(times[name + suffix]) for name in ("stored", "recomputed")}
+            row["time_ratio" + suffix.replace(" ", "_")] = median["recomputed"] / median["stored"]
         rows.append(row)
         if progress is not None:
             progress.update(1)

@@ -35,8 +35,6 @@ PREDICT_CALL = re.compile(r"""mc\.predict\(\s*["'](\d\d)["']\s*,\s*["']([\w-]+)[
 
 #: (notebook, prediction) -> where a phrase of its "gives_away" still stands before the prompt.
 KNOWN_SPOILERS: dict[tuple[str, str], str] = {
-    ("14", "balance"): "14 cell 18 (the ring figure's takeaway: contiguous ranks compute 3, 7, 11 and "
-    "15 chunk pairs, the balanced layout gives every rank 9)",
 }
 
 

@@ -59,7 +59,7 @@ def test_instructor_guide_lists_the_hub_and_colab_links_of_every_notebook():
     assert block == classroom.hub_links_markdown(), (
         "docs/instructor_guide.md's hub links are stale: run `python -m authoring student-edition notebooks/student`"
     )
-    assert "python -m authoring hub-links --hub" in guide
+    assert "python3 course.py class hub-links --hub" in guide
 
 
 # ---------------------------------------------------------------------------------------------

@@ -34,8 +34,7 @@ NOTEBOOKS = notebook_tools.numbered_notebooks()
 PREDICT_CALL = re.compile(r"""mc\.predict\(\s*["'](\d\d)["']\s*,\s*["']([\w-]+)["']\s*\)""")
 
 #: (notebook, prediction) -> where a phrase of its "gives_away" still stands before the prompt.
-KNOWN_SPOILERS: dict[tuple[str, str], str] = {
-}
+KNOWN_SPOILERS: dict[tuple[str, str], str] = {}
 
 
 def _cells(path: Path) -> list[dict]:

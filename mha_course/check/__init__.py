@@ -15,6 +15,7 @@ from .address_book import address_book_query
 from .attention import multi_head_attention, scaled_dot_product_attention
 from .backward import backward_tile, repeat_kv_backward, softmax_backward
 from .bert_layer import attention_from_bert
+from .block import pre_norm_block
 from .cache_schemes import gather_blocks, mla_cache_bytes, sink_window_update
 from .cached_gqa import cached_gqa_attention
 from .cross_attention import cross_attention
@@ -91,6 +92,7 @@ CHECKERS = {
         merge_partials,
         topk_mask,
         delta_rule_update,
+        pre_norm_block,
     )
 }
 

@@ -137,6 +137,14 @@ def hf_layout(*xs):
     return [x.transpose(1, 2).contiguous() for x in xs]  # (B, h, L, ·) <-> (B, L, h, ·)
 
 
+def hf_delta_layout(q, k, v):
+    """q, k, v as Qwen3-Next's layer hands them to its delta-rule functions: each query/key head
+    repeated for its group of consecutive value heads (transformers 5.20 repeats in the layer, 5.25
+    inside the functions, where heads already repeated pass through unchanged), in (B, L, h, ·)."""
+    group = v.shape[1] // q.shape[1]
+    return hf_layout(q.repeat_interleave(group, dim=1), k.repeat_interleave(group, dim=1), v)
+
+
 def random_delta_inputs(B, h_k, h_v, L, d_k, d_v, seed, dtype=torch.float64):
     g = torch.Generator().manual_seed(seed)
     q = torch.nn.functional.normalize(torch.randn(B, h_k, L, d_k, generator=g, dtype=dtype), dim=-1)
@@ -186,7 +194,7 @@ def test_delta_rule_recurrent_and_chunked_match_naive_and_each_other(B, h_k, h_v
 def test_delta_rule_equals_transformers(B, h_k, h_v, L, d_k, d_v, chunk, with_state):
     q, k, v, g, beta, s0 = random_delta_inputs(B, h_k, h_v, L, d_k, d_v, seed=L + 1, dtype=torch.float32)
     s0 = s0 if with_state else None
-    hq, hk, hv = hf_layout(q, k, v)
+    hq, hk, hv = hf_delta_layout(q, k, v)
     hg, hb = g.transpose(1, 2).contiguous(), beta.transpose(1, 2).contiguous()
     tol = {"atol": 2e-5, "rtol": 2e-5}  # transformers computes in float32
     ref = qwen3_next.torch_recurrent_gated_delta_rule(hq, hk, hv, hg, hb, s0, output_final_state=True)
@@ -206,7 +214,7 @@ def test_delta_rule_l2norm_convention_of_qwen3_next():
     """Qwen3-Next passes use_qk_l2norm_in_kernel=True: the same as normalising q and k first."""
     q, k, v, g, beta, _ = random_delta_inputs(1, 2, 4, 9, 8, 8, seed=5, dtype=torch.float32)
     q, k = q * 3.0, k * 0.5  # not unit length
-    hq, hk, hv = hf_layout(q, k, v)
+    hq, hk, hv = hf_delta_layout(q, k, v)
     ref, _ = qwen3_next.torch_chunk_gated_delta_rule(
         hq, hk, hv, g.transpose(1, 2), beta.transpose(1, 2), chunk_size=4, use_qk_l2norm_in_kernel=True
     )

@@ -94,6 +94,15 @@ def markov_table(seed: int = 100) -> torch.Tensor:
     return (torch.randn(VOCAB - 1, VOCAB - 1, generator=g, dtype=torch.float64) * 3.0).softmax(-1)
 
 
+def _draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One index per row of ``probs`` (n, V), by inverting each row's cumulative distribution at a
+    uniform draw: the same tokens on every PyTorch version (torch.multinomial's stream changed
+    between 2.6 and 2.13)."""
+    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64)
+    below = (probs.double().cumsum(-1) < u).sum(-1)  # how many cumulative sums lie below u
+    return below.clamp(max=probs.shape[-1] - 1)
+
+
 def sample_sequences(table: torch.Tensor, n: int, *, seed: int) -> torch.Tensor:
     """(n, SEQ_LEN) token ids: BOS, then a first-order Markov chain (``table``) into which a
     MARKER is dropped now and then (rate 5%). The token right after a marker is a *value*; for
@@ -106,7 +115,7 @@ def sample_sequences(table: torch.Tensor, n: int, *, seed: int) -> torch.Tensor:
     value, age = torch.full((n,), -1), torch.full((n,), COPY_SPAN + 1)
     for t in range(2, SEQ_LEN):
         after_marker = x[:, t - 1] == MARKER
-        chain = torch.multinomial(table[x[:, t - 1].clamp(max=VOCAB - 2)], 1, generator=g)[:, 0]  # (n,)
+        chain = _draw(table[x[:, t - 1].clamp(max=VOCAB - 2)], g)  # (n,)
         copying = (age <= COPY_SPAN) & (value >= 0) & ~after_marker
         marker = (torch.rand(n, generator=g, dtype=torch.float64) < MARKER_RATE) & ~after_marker & ~copying
         x[:, t] = torch.where(copying, value, torch.where(marker, MARKER, chain))

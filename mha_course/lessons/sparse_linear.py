@@ -189,10 +189,15 @@ def draw_recall(table, d_k: int):
 
 def transformers_delta_rule(q, k, v, g, beta, *, chunk_size=None, initial_state=None):
     """transformers' torch_recurrent_gated_delta_rule (chunk_size None) or torch_chunk_gated_delta_rule
-    on the course's (B, h, L, ·) tensors: transposed to its (B, L, h, ·), and back."""
+    on the course's (B, h, L, ·) tensors: transposed to its (B, L, h, ·), and back. With fewer
+    query/key heads than value heads, each query/key head is repeated for its group of consecutive
+    value heads first, as transformers 5.20's Qwen3-Next layer does before calling them (5.25
+    repeats inside them instead, where heads already repeated pass through unchanged)."""
     from transformers.models.qwen3_next import modeling_qwen3_next as qn
     from transformers.utils import logging as hf_logging
 
+    group = v.shape[1] // q.shape[1]
+    q, k = q.repeat_interleave(group, dim=1), k.repeat_interleave(group, dim=1)
     hq, hk, hv = (x.transpose(1, 2) for x in (q, k, v))
     hg, hb = g.transpose(1, 2), beta.transpose(1, 2)
     before = hf_logging.get_verbosity()

@@ -12,13 +12,10 @@ def test_draw_inverts_the_cumulative_distribution():
     gen = torch.Generator().manual_seed(3)
     drawn = beyond_gqa._draw(probs, gen)
     u = torch.rand(probs.shape[0], generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-    for row, (p, ui) in enumerate(zip(probs.tolist(), u.tolist())):
-        total, index = 0.0, 0
-        for index, pi in enumerate(p):  # the first index whose cumulative sum reaches u
-            total += pi
-            if total >= ui:
-                break
-        assert drawn[row].item() == index
+    for row, (p, ui) in enumerate(zip(probs.tolist(), u.tolist(), strict=True)):
+        cumulative = [sum(p[: i + 1]) for i in range(len(p))]
+        first = next(i for i, c in enumerate(cumulative) if c >= ui)  # the first index whose sum reaches u
+        assert drawn[row].item() == first
     assert not ((probs.gather(1, drawn[:, None]) == 0).any()), "drew a token of probability 0"
 
 
@@ -26,7 +23,8 @@ def test_draws_follow_the_table():
     table = beyond_gqa.markov_table()  # (15, 15)
     rows = torch.arange(table.shape[0]).repeat_interleave(4000)
     drawn = beyond_gqa._draw(table[rows], torch.Generator().manual_seed(7))
-    counts = torch.zeros_like(table).index_put_((rows, drawn), torch.ones(len(rows), dtype=table.dtype), accumulate=True)
+    ones = torch.ones(len(rows), dtype=table.dtype)
+    counts = torch.zeros_like(table).index_put_((rows, drawn), ones, accumulate=True)
     empirical = counts / 4000
     assert (empirical - table).abs().max() < 0.03  # 4,000 draws a row: a standard error below 0.008
     assert (empirical - table.flip(-1)).abs().max() > 0.2  # a wrong order of tokens would not pass

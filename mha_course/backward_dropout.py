@@ -8,8 +8,7 @@ the backward needs Z again: dV = P̃ᵀ dO, dP = (dO Vᵀ) ⊙ Z / (1 − p), dS
 D = rowsum(dO ⊙ O) as without dropout (Σ_j P_ij dP_ij = Σ_j P̃_ij (dO Vᵀ)_ij = rowsum(dO ⊙ O)).
 Autograd stores Z, an (Lq, Lk) tensor per head. FlashAttention stores only the state of the random
 number generator and, in the backward, draws each tile's Z again from that state (Dao et al., 2022,
-arXiv:2205.14135, §3.1 and Algorithms 2 and 4 of App. B: "save the pseudo-random number generator
-state", "regenerate the dropout mask").
+arXiv:2205.14135, App. B.2, and Algorithms 2 and 4 of App. B, the forward and backward with dropout).
 
 Here the state is one integer ``seed``; tile (i, j) draws its mask from a ``torch.Generator``
 seeded with a number computed from (seed, i, j) (:func:`tile_keep`), which stands for the counter

@@ -7,6 +7,8 @@ import torch.nn.functional as F
 
 import mha_course as mc
 from mha_course import backward as bw
+from mha_course import backward_dropout as bdrop
+from mha_course.lessons import backward_pass as bp_lesson
 from mha_course.tiled import tiled_attention
 
 F64 = torch.float64
@@ -356,3 +358,108 @@ def test_two_pass_costs_seven_products_per_tile_instead_of_five():
     B, h, L, d = args[0].shape
     assert one_pass == 5 * 2 * B * h * L * L * d  # S, dV, dP, dQ, dK: 5 products of L·L·d per head
     assert two_pass == 7 * 2 * B * h * L * L * d
+
+
+# ---------------------------------------------------------------------------------------------
+# dropout in the tiled backward: the mask redrawn from the seed, never stored
+
+DROPOUT_SHAPES = [  # (batch dims, Lq, Lk, d_k, d_v, block_size)
+    ((2, 3), 7, 7, 5, 3, 3),
+    ((1, 2), 9, 11, 4, 6, 4),
+    ((4,), 6, 13, 3, 2, 8),
+    ((2, 2), 16, 16, 8, 8, 16),
+]
+
+
+def _dropout_case(batch, Lq, Lk, d_k, d_v, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(*batch, Lq, d_k, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(*batch, Lk, d_k, generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(*batch, Lk, d_v, generator=g, dtype=torch.float64, requires_grad=True)
+    grad_out = torch.randn(*batch, Lq, d_v, generator=g, dtype=torch.float64)
+    return q, k, v, grad_out
+
+
+@pytest.mark.parametrize("p", [0.0, 0.1, 0.5])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("case", DROPOUT_SHAPES)
+def test_flash_dropout_equals_autograd_through_dense_reference_with_the_same_mask(case, is_causal, p):
+    batch, Lq, Lk, d_k, d_v, bs = case
+    q, k, v, grad_out = _dropout_case(batch, Lq, Lk, d_k, d_v)
+    out = bdrop.flash_dropout_attention(q, k, v, p=p, seed=11, is_causal=is_causal, block_size=bs)
+    mine = torch.autograd.grad(out, (q, k, v), grad_out)
+    keep = bdrop.dropout_keep(11, (*batch, Lq, Lk), p, block_size=bs)
+    ref_out = bdrop.dense_dropout_attention(q, k, v, keep, p, is_causal=is_causal)
+    ref = torch.autograd.grad(ref_out, (q, k, v), grad_out)
+    assert (out - ref_out).abs().max() < 1e-12
+    for a, b in zip(mine, ref, strict=True):
+        assert (a - b).abs().max() < 1e-12
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_flash_dropout_with_p_zero_equals_torch_sdpa(is_causal):
+    q, k, v, grad_out = _dropout_case((2, 3), 10, 10, 4, 5, seed=3)
+    out = bdrop.flash_dropout_attention(q, k, v, p=0.0, seed=0, is_causal=is_causal, block_size=4)
+    ref_out = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+    mine = torch.autograd.grad(out, (q, k, v), grad_out)
+    ref = torch.autograd.grad(ref_out, (q, k, v), grad_out)
+    assert (out - ref_out).abs().max() < 1e-12
+    for a, b in zip(mine, ref, strict=True):
+        assert (a - b).abs().max() < 1e-12
+
+
+def test_a_different_mask_in_the_reference_gives_different_gradients():
+    q, k, v, grad_out = _dropout_case((2,), 8, 8, 4, 4)
+    out = bdrop.flash_dropout_attention(q, k, v, p=0.5, seed=1, block_size=4)
+    mine = torch.autograd.grad(out, (q, k, v), grad_out)
+    other = bdrop.dropout_keep(2, (2, 8, 8), 0.5, block_size=4)
+    ref = torch.autograd.grad(bdrop.dense_dropout_attention(q, k, v, other, 0.5), (q, k, v), grad_out)
+    assert (mine[2] - ref[2]).abs().max() > 1e-3
+
+
+def test_keep_mask_rate_and_redrawing():
+    keep = bdrop.dropout_keep(5, (4, 64, 64), 0.3, block_size=16)
+    assert abs(keep.float().mean().item() - 0.7) < 0.02
+    assert torch.equal(keep, bdrop.dropout_keep(5, (4, 64, 64), 0.3, block_size=16))
+    assert not torch.equal(keep, bdrop.dropout_keep(6, (4, 64, 64), 0.3, block_size=16))
+    assert torch.equal(bdrop.tile_keep(5, 16, 32, (4, 16, 16), 0.3), keep[:, 16:32, 32:48])
+
+
+def test_flash_dropout_saves_no_square_tensor():
+    q, k, v, _ = _dropout_case((1, 2), 32, 32, 4, 4)
+    _, saved = bp_lesson.saved_activations(lambda: bdrop.flash_dropout_attention(q, k, v, p=0.1, seed=0, block_size=8))
+    assert saved and all(shape[-2:] != (32, 32) for shape, *_ in saved)
+    keep = bdrop.dropout_keep(0, (1, 2, 32, 32), 0.1, block_size=8)
+    _, dense = bp_lesson.saved_activations(lambda: bdrop.dense_dropout_attention(q, k, v, keep, 0.1))
+    assert any(shape[-2:] == (32, 32) and dtype == torch.bool for shape, dtype, *_ in dense)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "words"),
+    [({"p": 1.0, "seed": 0}, ValueError, "p must be"), ({"p": 0.1, "seed": -1}, TypeError, "seed must be"),
+     ({"p": 0.1, "seed": 0, "block_size": 0}, ValueError, "block_size")],
+)  # fmt: skip
+def test_flash_dropout_rejects_bad_arguments(kwargs, error, words):
+    q, k, v, _ = _dropout_case((1,), 4, 4, 2, 2)
+    with pytest.raises(error, match=words):
+        bdrop.flash_dropout_attention(q, k, v, **kwargs)
+
+
+def test_checkpoint_comparison_bytes_and_flops():
+    B, h, d = 1, 2, 8
+    rows = {
+        (r["L"], r["way"]): r
+        for r in bp_lesson.checkpoint_comparison([32, 64], batch=B, num_heads=h, d_head=d, block_size=16)
+    }
+    for L in (32, 64):
+        inputs = 3 * B * h * L * d * 4  # q, k, v in float32
+        # autograd keeps P and P̃ (float32) and the bool mask: 9 bytes per (query, key) pair
+        assert rows[L, "autograd"]["saved_bytes"] == inputs + B * h * L * L * 9
+        assert rows[L, "checkpoint"]["saved_bytes"] == inputs and rows[L, "checkpoint"]["square"] == 0
+        assert rows[L, "flash"]["saved_bytes"] == inputs + B * h * L * (d + 1) * 4  # + out and lse
+        assert rows[L, "checkpoint"]["same_grads"]
+        product = 2 * B * h * L * L * d  # one (L, d) @ (d, L) product
+        assert rows[L, "autograd"]["forward_flops"] == 2 * product
+        assert rows[L, "autograd"]["backward_flops"] == 4 * product
+        # the rerun stops once P is recomputed (S and P: one product), as FlashAttention recomputes S
+        assert rows[L, "checkpoint"]["backward_flops"] == rows[L, "flash"]["backward_flops"] == 5 * product

@@ -27,6 +27,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ..accounting import attention_flops
 from ..attention import scaled_dot_product_attention
 from ..backward import attention_backward, flash_attention, softmax_backward
+from ..backward_dropout import flash_dropout_attention
 from ..heads import merge_heads, split_heads
 from ..kit.memory import peak_memory
 from ..kit.timing import round_robin_times
@@ -42,6 +43,8 @@ __all__ = [
     "score_gradients",
     "saturation",
     "draw_score_gradients",
+    "saved_activations",
+    "checkpoint_comparison",
 ]
 
 
@@ -333,4 +336,81 @@ def _error_table(block_size):
             "attention_backward": max((a - b).abs().max().item() for a, b in zip(by_hand, ref, strict=True)),
             "flash_attention": max((a - b).abs().max().item() for a, b in zip(through, ref, strict=True)),
         })  # fmt: skip
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# dropout, activation checkpointing and FlashAttention's recomputation, compared
+
+
+def saved_activations(fn):
+    """Run ``fn()`` under ``torch.autograd.graph.saved_tensors_hooks`` and list what autograd's graph
+    keeps for the backward. Returns ``(result, saved)``, saved = [(shape, dtype, storage id, storage
+    bytes)], one entry per tensor packed (several may share one storage, e.g. a tensor and its
+    transpose; count each storage once)."""
+    saved = []
+
+    def pack(t):
+        storage = t.untyped_storage()
+        saved.append((tuple(t.shape), t.dtype, storage.data_ptr(), storage.nbytes()))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        result = fn()
+    return result, saved
+
+
+def _dense_dropout(q, k, v, p):
+    """Dense attention with dropout on the weights, the keep mask drawn from torch's global
+    generator (which ``torch.utils.checkpoint`` saves and restores for its rerun)."""
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)  # (B, h, L, L)
+    keep = torch.rand(weights.shape) >= p  # (B, h, L, L) bool
+    return (weights * keep / (1.0 - p)) @ v  # (B, h, L, d)
+
+
+def checkpoint_comparison(lengths, *, p=0.1, batch=1, num_heads=4, d_head=32, block_size=64, seed=0):
+    """One training step of attention with dropout p, three ways, at each length L:
+    "autograd" (dense, the graph keeps the weights and the mask), "checkpoint" (the same function
+    under ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``: it keeps the inputs and the
+    generator's state and reruns the forward in the backward) and "flash" (:func:`flash_dropout_attention`:
+    keeps q, k, v, the output and the log-sum-exp, and an integer seed).
+
+    Returns one row per (L, way): {"L", "way", "saved_bytes" (the distinct storages that the graph
+    keeps, float32, counted by :func:`saved_activations`), "square" (how many saved tensors are
+    (L, L) per head), "forward_flops", "backward_flops" (matrix products, ``FlopCounterMode``)}, and
+    for "checkpoint" also "same_grads": its gradients equal autograd's (same generator state).
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    ways = {
+        "autograd": lambda q, k, v: _dense_dropout(q, k, v, p),
+        "checkpoint": lambda q, k, v: checkpoint(_dense_dropout, q, k, v, p, use_reentrant=False),
+        "flash": lambda q, k, v: flash_dropout_attention(q, k, v, p=p, seed=seed, block_size=block_size),
+    }
+    rows = []
+    with fixed_threads(1), torch.enable_grad():
+        for L in lengths:
+            g = torch.Generator().manual_seed(seed)
+            inputs = [torch.randn(batch, num_heads, L, d_head, generator=g) for _ in range(4)]
+            grads = {}
+            for way, attend in ways.items():
+                q, k, v = (t.clone().requires_grad_() for t in inputs[:3])
+                torch.manual_seed(seed)  # the dense ways draw their mask from torch's generator
+                out, saved = saved_activations(lambda: attend(q, k, v))  # noqa: B023
+                storages = {ptr: nbytes for _, _, ptr, nbytes in saved}
+                square = sum(1 for shape, *_ in saved if shape[-2:] == (L, L))
+                with FlopCounterMode(display=False) as counter:
+                    torch.manual_seed(seed)
+                    out = attend(q, k, v)  # noqa: B023
+                forward = counter.get_total_flops()
+                with FlopCounterMode(display=False) as counter:
+                    out.backward(inputs[3])
+                grads[way] = (q.grad, k.grad, v.grad)
+                row = {"L": L, "way": way, "saved_bytes": sum(storages.values()), "square": square,
+                       "forward_flops": forward, "backward_flops": counter.get_total_flops()}  # fmt: skip
+                rows.append(row)
+            rows[-2]["same_grads"] = all(
+                torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+                for a, b in zip(grads["autograd"], grads["checkpoint"], strict=True)
+            )
     return rows

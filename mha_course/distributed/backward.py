@@ -16,8 +16,8 @@ is the forward of the one-process layer with its collectives replaced by the aut
   runs on L/P positions, an all-gather (reduce-scatter in the backward) replaces f and a
   reduce-scatter (all-gather in the backward) replaces g. Reduce-scatter + all-gather send what one
   all-reduce sends, so the wire bytes are TP's, while the norm's activations shrink P-fold. The
-  norm's own weights are replicated and each rank sees only its positions, so their gradients are
-  summed over the ranks once (a small all-reduce of the norm's parameters, counted apart).
+  norm's weights and W_O's bias are replicated and each rank applies them to its positions only,
+  so their gradients are summed over the ranks once (a small all-reduce, counted apart).
 * Ulysses: :func:`~mha_course.distributed.ulysses_attention` run with a
   :class:`~.collectives.DifferentiableTraffic`: an all-to-all's adjoint is the all-to-all with its
   two dims swapped, so the backward sends the forward's bytes.
@@ -137,7 +137,7 @@ class MegatronBlock(nn.Module):
     whole input on every rank, and so is the output; with it, x is this rank's contiguous block of
     positions (B, L/P, d_model) (:func:`shard_sequence` along dim 1) and so is the output.
     ``self.norm_elements`` records the elements of the norm's input and output on this rank in the
-    last forward. With ``sequence_parallel``, call :meth:`sum_norm_grads` after the backward.
+    last forward. With ``sequence_parallel``, call :meth:`sum_replicated_grads` after the backward.
     """
 
     def __init__(
@@ -149,7 +149,7 @@ class MegatronBlock(nn.Module):
         self.norm = copy.deepcopy(norm)
         self.attention = MegatronAttention(module, rank, world_size, group=group)
         self.sequence_parallel, self.norm_elements = bool(sequence_parallel), 0
-        self.grad_traffic = GroupTraffic(group=group)  # the norm's parameter gradients, sequence-parallel only
+        self.grad_traffic = GroupTraffic(group=group)  # the replicated parameters' gradients (sequence-parallel)
 
     @property
     def traffic(self) -> GroupTraffic:
@@ -176,9 +176,12 @@ class MegatronBlock(nn.Module):
         y = scatter_sequence(partial, 1, self.traffic, self.backward_traffic)  # (B, L/P, d_model), summed
         return x + attn.add_bias(y)
 
-    def sum_norm_grads(self) -> None:
-        """Sum the norm's parameter gradients over the ranks (each saw only its positions)."""
-        for p in self.norm.parameters():
+    def sum_replicated_grads(self) -> None:
+        """Sequence-parallel only: sum over the ranks the gradients of the parameters every rank
+        holds whole but applies to its own positions only — the norm's weights and W_O's bias
+        (Megatron-LM all-reduces the same ones). Counted in ``self.grad_traffic``."""
+        params = [*self.norm.parameters(), *([] if self.attention.o_bias is None else [self.attention.o_bias])]
+        for p in params:
             if p.grad is not None:
                 self.grad_traffic.all_reduce(p.grad)
 
@@ -203,9 +206,9 @@ def tensor_parallel_backward_rank(module, x, grad_out, mask=None, is_causal: boo
 def megatron_block_rank(norm, module, x, grad_out, sequence_parallel: bool, is_causal: bool = False):
     """A rank's job: :class:`MegatronBlock` on the full x (B, L, d_model) (its block of positions
     with ``sequence_parallel``), forward then backward with ``grad_out`` (likewise). Returns a dict:
-    out and dx (full, or this rank's positions), grads (norm's, summed over the ranks when
-    sequence-parallel; attention's shards), norm_elements, and forward / backward / norm-gradient
-    bytes per collective."""
+    out and dx (full, or this rank's positions), grads (the norm's and W_O's bias, summed over the
+    ranks when sequence-parallel; the attention's shards), norm_elements, and forward / backward /
+    replicated-gradient bytes per collective."""
     rank, P = dist.get_rank(), dist.get_world_size()
     block = MegatronBlock(norm, module, rank, P, sequence_parallel=sequence_parallel)
     if sequence_parallel:
@@ -215,7 +218,7 @@ def megatron_block_rank(norm, module, x, grad_out, sequence_parallel: bool, is_c
     out.backward(grad_out)
     block.attention.sum_shared_kv_grads()
     if sequence_parallel:
-        block.sum_norm_grads()
+        block.sum_replicated_grads()
     return {
         "out": out.detach(),
         "dx": x.grad,
@@ -223,7 +226,7 @@ def megatron_block_rank(norm, module, x, grad_out, sequence_parallel: bool, is_c
         "norm_elements": block.norm_elements,
         "forward": dict(block.traffic.sent),
         "backward": dict(block.backward_traffic.sent),
-        "norm_grads": dict(block.grad_traffic.sent),
+        "replicated_grads": dict(block.grad_traffic.sent),
     }
 
 

@@ -239,3 +239,30 @@ class _Plain:
 
     def all_to_all(self, x, dim_out, dim_in):
         return GroupTraffic.all_to_all(self.traffic, x, dim_out, dim_in)
+
+
+_OPERATORS = ("copy_to_ranks", "sum_over_ranks", "gather_sequence", "scatter_sequence", "all_to_all")
+
+
+def collective_rank(name: str, x, grad_out, dim: int = 1, dim_in: int = 2):
+    """A rank's job: one of the operators above on ``x[rank]``, then its backward from
+    ``grad_out[rank]`` (both stacked over the ranks: x (P, ...), grad_out (P, ...) in the output's
+    shape). ``dim`` is the gathered/scattered dim, or all-to-all's ``dim_out`` (with ``dim_in``).
+    Returns ``(output, gradient of x[rank], forward bytes, backward bytes)``."""
+    if name not in _OPERATORS:
+        raise ValueError(f"name must be one of {_OPERATORS}, got name={name!r}")
+    rank = dist.get_rank()
+    forward, backward = GroupTraffic(), GroupTraffic()
+    mine = x[rank].clone().requires_grad_()
+    if name == "copy_to_ranks":
+        out = copy_to_ranks(mine, backward)
+    elif name == "sum_over_ranks":
+        out = sum_over_ranks(mine, forward)
+    elif name == "gather_sequence":
+        out = gather_sequence(mine, dim, forward, backward)
+    elif name == "scatter_sequence":
+        out = scatter_sequence(mine, dim, forward, backward)
+    else:
+        out = all_to_all(mine, dim, dim_in, forward, backward)
+    out.backward(grad_out[rank])
+    return out.detach(), mine.grad, dict(forward.sent), dict(backward.sent)

@@ -144,10 +144,11 @@ def ring_attention_autograd(
     if q.shape[1] % k.shape[1]:
         raise ValueError(f"num_heads={q.shape[1]} must be a multiple of num_kv_heads={k.shape[1]}")
     traffic = GroupTraffic() if traffic is None else traffic
+    if not isinstance(traffic, GroupTraffic):
+        raise TypeError(f"traffic must be a GroupTraffic, got {type(traffic).__name__}")
     backward_traffic = GroupTraffic(group=traffic.group) if backward_traffic is None else backward_traffic
-    for name, t in (("traffic", traffic), ("backward_traffic", backward_traffic)):
-        if not isinstance(t, GroupTraffic):
-            raise TypeError(f"{name} must be a GroupTraffic, got {type(t).__name__}")
+    if not isinstance(backward_traffic, GroupTraffic):
+        raise TypeError(f"backward_traffic must be a GroupTraffic, got {type(backward_traffic).__name__}")
     sequence_positions(q.shape[2] * traffic.size, traffic.rank, traffic.size, layout)  # checks layout, length
     return RingAttentionFunction.apply(q, k, v, causal, layout, traffic, backward_traffic)
 

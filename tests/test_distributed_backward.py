@@ -306,9 +306,7 @@ def test_sequence_parallel_block_equals_one_process(ranks, P, norm_kind, shape, 
         for result in (tp[rank], sp[rank]):
             for name, p in norm.named_parameters():
                 assert _err(result["grads"][f"norm.{name}"], p.grad) < 1e-12, name
-            attention = {
-                n.removeprefix("attention."): g for n, g in result["grads"].items() if n.startswith("attention.")
-            }
+            attention = {n: g for n, g in result["grads"].items() if not n.startswith("norm.")}
             _check_shard_grads(module, attention, rank, P)
     all_reduce = md.communication_bytes(
         "tensor", batch=B, length=L, num_heads=4, num_kv_heads=4, head_dim=d_model // 4, world_size=P,
@@ -369,6 +367,23 @@ def test_mesh_2x2_equals_one_process(ranks, layout, causal, kind, shape):
         assert r["ring_backward"] == {
             "send": md.communication_bytes("ring", bytes_per_element=8, direction="backward", **kw)
         }
+
+
+def test_one_process_references_leave_their_inputs_alone_and_run_without_grad_mode():
+    torch.manual_seed(0)
+    module, norm = mc.MultiHeadAttention(16, 4).double(), nn.LayerNorm(16).double()
+    x, grad_out = (torch.randn(1, 4, 16, generator=_gen(21), dtype=F64) for _ in range(2))
+    with torch.no_grad():
+        out, dx, grads = md.one_process_grads(module, x, grad_out, norm=norm, is_causal=True)
+    assert module.q_proj.weight.grad is None and not x.requires_grad
+    xr = x.clone().requires_grad_()
+    (xr + module(norm(xr), mask=mc.causal_mask(4))[0]).backward(grad_out)
+    assert _err(dx, xr.grad) < 1e-12 and _err(grads["norm.weight"], norm.weight.grad) < 1e-12
+    shard = md.shard_of_grads(grads, module, 1, 2)
+    _check_shard_grads(module, {n: g for n, g in shard.items() if not n.startswith("norm.")}, 1, 2)
+    assert torch.equal(
+        md.flat_grads(shard, ["o_bias", "norm.bias"]), torch.cat([grads["out_proj.bias"], grads["norm.bias"]])
+    )
 
 
 # --- bad input ----------------------------------------------------------------------------------------

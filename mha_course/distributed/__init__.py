@@ -37,7 +37,8 @@ One module per part of the design (every name is also importable from here, as b
   as autograd Functions, :class:`GroupTraffic` on sub-groups), :mod:`.ring_backward`
   (:func:`ring_attention_autograd`: dK/dV travel with their blocks) and :mod:`.backward`
   (:class:`MegatronAttention`, :class:`MegatronBlock` with sequence parallelism, Ulysses' backward,
-  the 2 × 2 tensor × context mesh :func:`mesh_rank`).
+  the 2 × 2 tensor × context mesh :func:`mesh_rank`, and the one-process references
+  :func:`one_process_grads`, :func:`one_process_attention_grads`, :func:`shard_of_grads`).
 
 References: Shoeybi et al., "Megatron-LM" (2019, arXiv:1909.08053) §3; Liu, Zaharia & Abbeel,
 "Ring Attention with Blockwise Transformers" (2023, arXiv:2310.01889); Jacobs et al.,
@@ -52,9 +53,13 @@ from .allgather import allgather_attention, allgather_rank
 from .backward import (
     MegatronAttention,
     MegatronBlock,
+    flat_grads,
     megatron_block_rank,
     mesh_groups,
     mesh_rank,
+    one_process_attention_grads,
+    one_process_grads,
+    shard_of_grads,
     tensor_parallel_backward_rank,
     ulysses_backward_rank,
 )
@@ -118,4 +123,8 @@ __all__ = [
     "ulysses_backward_rank",
     "mesh_groups",
     "mesh_rank",
+    "one_process_grads",
+    "one_process_attention_grads",
+    "shard_of_grads",
+    "flat_grads",
 ]

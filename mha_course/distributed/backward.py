@@ -53,7 +53,7 @@ from .collectives import (
 )
 from .layouts import sequence_positions, shard_sequence
 from .ring_backward import ring_attention_autograd
-from .tensor_parallel import TensorParallelAttention
+from .tensor_parallel import TensorParallelAttention, _rows, heads_of_rank
 from .ulysses import ulysses_attention
 
 
@@ -190,6 +190,7 @@ def _grads(module: nn.Module) -> dict:
     return {name: p.grad.clone() for name, p in module.named_parameters() if p.grad is not None}
 
 
+@torch.enable_grad()  # a job runs the backward even where the caller turned gradients off
 def tensor_parallel_backward_rank(module, x, grad_out, mask=None, is_causal: bool = False):
     """A rank's job: :class:`MegatronAttention` of the full ``module`` on the full x (B, L,
     d_model), forward then ``out.backward(grad_out)`` (and :meth:`MegatronAttention.sum_shared_kv_grads`).
@@ -203,6 +204,7 @@ def tensor_parallel_backward_rank(module, x, grad_out, mask=None, is_causal: boo
     return out.detach(), x.grad, _grads(layer), dict(layer.traffic.sent), dict(layer.backward_traffic.sent)
 
 
+@torch.enable_grad()  # a job runs the backward even where the caller turned gradients off
 def megatron_block_rank(norm, module, x, grad_out, sequence_parallel: bool, is_causal: bool = False):
     """A rank's job: :class:`MegatronBlock` on the full x (B, L, d_model) (its block of positions
     with ``sequence_parallel``), forward then backward with ``grad_out`` (likewise). Returns a dict:
@@ -222,7 +224,7 @@ def megatron_block_rank(norm, module, x, grad_out, sequence_parallel: bool, is_c
     return {
         "out": out.detach(),
         "dx": x.grad,
-        "grads": _grads(block),
+        "grads": {name.removeprefix("attention."): g for name, g in _grads(block).items()},
         "norm_elements": block.norm_elements,
         "forward": dict(block.traffic.sent),
         "backward": dict(block.backward_traffic.sent),
@@ -230,6 +232,7 @@ def megatron_block_rank(norm, module, x, grad_out, sequence_parallel: bool, is_c
     }
 
 
+@torch.enable_grad()  # a job runs the backward even where the caller turned gradients off
 def ulysses_backward_rank(q, k, v, grad_out, causal: bool = False):
     """A rank's job: this rank's block of the full q, k, v (B, h(_kv), L, d) and grad_out;
     :func:`ulysses_attention` with a :class:`DifferentiableTraffic`, then the backward. Returns
@@ -256,6 +259,7 @@ def mesh_groups(tensor_size: int):
     return tensor_groups[c], context_groups[t], t, c
 
 
+@torch.enable_grad()  # a job runs the backward even where the caller turned gradients off
 def mesh_rank(module, x, grad_out, tensor_size: int = 2, causal: bool = False, layout: str = "contiguous"):
     """A rank's job on a (context × tensor) mesh: heads over the tensor axis (:class:`MegatronAttention`
     on the tensor group), positions over the context axis (:func:`ring_attention_autograd` on the
@@ -292,3 +296,63 @@ def mesh_rank(module, x, grad_out, tensor_size: int = 2, causal: bool = False, l
     for group in (tgroup, cgroup):
         dist.destroy_process_group(group)
     return result
+
+
+# --- references through one process, to set the ranks' results against --------------------------------
+
+
+def one_process_grads(module, x, grad_out, *, norm=None, is_causal: bool = False):
+    """Autograd through one process: ``module(x)`` (or ``x + module(norm(x))`` with a ``norm``),
+    then the backward from ``grad_out``, on copies (``module``, ``norm`` and ``x`` are untouched;
+    runs with gradients enabled even where they are off). Returns ``(out, dx, grads)``: grads of
+    the copies' parameters by name (``norm.*`` for the norm's)."""
+    module, norm = copy.deepcopy(module), copy.deepcopy(norm)
+    with torch.enable_grad():
+        x = x.detach().clone().requires_grad_()
+        mask = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool, device=x.device).tril() if is_causal else None
+        out = module(x if norm is None else norm(x), mask=mask)[0]
+        out = out if norm is None else x + out
+        out.backward(grad_out)
+    grads = {name: p.grad for name, p in module.named_parameters()}
+    if norm is not None:
+        grads |= {f"norm.{name}": p.grad for name, p in norm.named_parameters()}
+    return out.detach(), x.grad, grads
+
+
+def one_process_attention_grads(q, k, v, grad_out, *, causal: bool = False):
+    """Autograd through one process for attention over the whole sequence: q (B, h, L, d), k, v
+    (B, h_kv, L, d), grad_out (B, h, L, d). Returns ``(out, dq, dk, dv)``."""
+    with torch.enable_grad():
+        q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        n_rep, L = q.shape[1] // k.shape[1], q.shape[2]
+        mask = torch.ones(L, L, dtype=torch.bool, device=q.device).tril() if causal else None
+        out = scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), mask)[0]
+        out.backward(grad_out)
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+def shard_of_grads(grads: dict, module, rank: int, world_size: int) -> dict:
+    """The slices of a full module's gradients (``grads`` by parameter name, as
+    :func:`one_process_grads` returns them) that rank ``rank`` of ``world_size`` holds under tensor
+    parallelism, named as :class:`MegatronAttention`'s parameters (q.weight, ..., o_weight, o_bias);
+    a norm's gradients (``norm.*``, replicated on every rank) are passed through whole."""
+    if hasattr(module, "out_proj"):
+        h, h_kv, hd, out_name = module.num_heads, module.num_heads, module.d_head, "out_proj"
+    else:
+        h, h_kv, hd, out_name = module.num_heads, module.num_kv_heads, module.head_dim, "o_proj"
+    q_heads, kv_heads = heads_of_rank(rank, world_size, h, h_kv)
+    q_rows, kv_rows = _rows(q_heads, hd), _rows(kv_heads, hd)
+    shard = {name: g for name, g in grads.items() if name.startswith("norm.")}
+    for name, rows in (("q", q_rows), ("k", kv_rows), ("v", kv_rows)):
+        shard[f"{name}.weight"] = grads[f"{name}_proj.weight"][rows]
+        if f"{name}_proj.bias" in grads:
+            shard[f"{name}.bias"] = grads[f"{name}_proj.bias"][rows]
+    shard["o_weight"] = grads[f"{out_name}.weight"][:, q_rows]
+    if f"{out_name}.bias" in grads:
+        shard["o_bias"] = grads[f"{out_name}.bias"]
+    return shard
+
+
+def flat_grads(grads: dict, names) -> torch.Tensor:
+    """The gradients ``grads[name]`` for ``names`` (in that order), flattened into one vector."""
+    return torch.cat([grads[name].flatten() for name in names])

@@ -244,6 +244,7 @@ class _Plain:
 _OPERATORS = ("copy_to_ranks", "sum_over_ranks", "gather_sequence", "scatter_sequence", "all_to_all")
 
 
+@torch.enable_grad()  # a job runs the backward even where the caller turned gradients off
 def collective_rank(name: str, x, grad_out, dim: int = 1, dim_in: int = 2):
     """A rank's job: one of the operators above on ``x[rank]``, then its backward from
     ``grad_out[rank]`` (both stacked over the ranks: x (P, ...), grad_out (P, ...) in the output's

@@ -153,6 +153,7 @@ def ring_attention_autograd(
     return RingAttentionFunction.apply(q, k, v, causal, layout, traffic, backward_traffic)
 
 
+@torch.enable_grad()  # a job runs the backward even where the caller turned gradients off
 def ring_backward_rank(q, k, v, grad_out, causal: bool = False, layout: str = "contiguous"):
     """A rank's job: this rank's positions of the full q (B, h, L, d), k, v (B, h_kv, L, d) and
     grad_out (B, h, L, d); ring attention forward, then ``out.backward(grad_out shard)``. Returns

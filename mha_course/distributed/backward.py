@@ -165,21 +165,22 @@ class MegatronBlock(nn.Module):
             normed = self.norm(x)  # (B, L, d_model) on every rank
             self.norm_elements = x.numel() + normed.numel()
             return x + self.attention(normed, is_causal=is_causal)
-        attn, P = self.attention, self.traffic.size
+        attn = self.attention
         normed = self.norm(x)  # (B, L/P, d_model): this rank's positions only
         self.norm_elements = x.numel() + normed.numel()
         full = gather_sequence(normed, 1, self.traffic, self.backward_traffic)  # (B, L, d_model)
         q, k, v = attn.project(full)
         partial = attn.partial_output(_attend(q, k, v, None, is_causal))  # (B, L, d_model), this rank's heads
-        if partial.shape[1] % P:
-            raise ValueError(f"sequence length {partial.shape[1]} must be divisible by {P} ranks")
         y = scatter_sequence(partial, 1, self.traffic, self.backward_traffic)  # (B, L/P, d_model), summed
         return x + attn.add_bias(y)
 
     def sum_replicated_grads(self) -> None:
         """Sequence-parallel only: sum over the ranks the gradients of the parameters every rank
         holds whole but applies to its own positions only — the norm's weights and W_O's bias
-        (Megatron-LM all-reduces the same ones). Counted in ``self.grad_traffic``."""
+        (Megatron-LM all-reduces the same ones). Counted in ``self.grad_traffic``. Without sequence
+        parallelism every rank already has their whole gradients, and nothing is sent."""
+        if not self.sequence_parallel:
+            return
         params = [*self.norm.parameters(), *([] if self.attention.o_bias is None else [self.attention.o_bias])]
         for p in params:
             if p.grad is not None:

@@ -31,7 +31,14 @@ One module per part of the design (every name is also importable from here, as b
 * context parallelism: :mod:`.layouts` (:func:`sequence_positions`, :func:`shard_sequence`,
   :func:`unshard_sequence`), :mod:`.ring` (:func:`ring_attention`), :mod:`.ulysses`
   (:func:`ulysses_attention`) and :mod:`.allgather` (:func:`allgather_attention`, Llama 3's);
-* :mod:`.costs` — :func:`communication_bytes`, the formulas.
+* :mod:`.costs` — :func:`communication_bytes`, the formulas (and :func:`sequence_parallel_bytes`,
+  :func:`norm_activation_elements`);
+* the backward of every split: :mod:`.collectives` (Megatron's f and g and the other collectives
+  as autograd Functions, :class:`GroupTraffic` on sub-groups), :mod:`.ring_backward`
+  (:func:`ring_attention_autograd`: dK/dV travel with their blocks) and :mod:`.backward`
+  (:class:`MegatronAttention`, :class:`MegatronBlock` with sequence parallelism, Ulysses' backward,
+  the 2 × 2 tensor × context mesh :func:`mesh_rank`, and the one-process references
+  :func:`one_process_grads`, :func:`one_process_attention_grads`, :func:`shard_of_grads`).
 
 References: Shoeybi et al., "Megatron-LM" (2019, arXiv:1909.08053) §3; Liu, Zaharia & Abbeel,
 "Ring Attention with Blockwise Transformers" (2023, arXiv:2310.01889); Jacobs et al.,
@@ -43,10 +50,34 @@ for load-balancing the causal ring.
 from __future__ import annotations
 
 from .allgather import allgather_attention, allgather_rank
-from .costs import communication_bytes
+from .backward import (
+    MegatronAttention,
+    MegatronBlock,
+    flat_grads,
+    megatron_block_rank,
+    mesh_groups,
+    mesh_rank,
+    one_process_attention_grads,
+    one_process_grads,
+    shard_of_grads,
+    tensor_parallel_backward_rank,
+    ulysses_backward_rank,
+)
+from .collectives import (
+    DifferentiableTraffic,
+    GroupTraffic,
+    all_to_all,
+    collective_rank,
+    copy_to_ranks,
+    gather_sequence,
+    scatter_sequence,
+    sum_over_ranks,
+)
+from .costs import communication_bytes, norm_activation_elements, sequence_parallel_bytes
 from .launcher import MAX_WORLD_SIZE, Ranks, launch
 from .layouts import sequence_positions, shard_sequence, unshard_sequence
 from .ring import ring_attention, ring_rank
+from .ring_backward import RingAttentionFunction, ring_attention_autograd, ring_backward_rank
 from .tensor_parallel import TensorParallelAttention, dtensor_rank, heads_of_rank, tensor_parallel_rank
 from .traffic import Traffic, ring_all_reduce, ring_all_reduce_rank
 from .ulysses import ulysses_attention, ulysses_rank
@@ -72,4 +103,28 @@ __all__ = [
     "allgather_attention",
     "allgather_rank",
     "communication_bytes",
+    "sequence_parallel_bytes",
+    "norm_activation_elements",
+    "GroupTraffic",
+    "DifferentiableTraffic",
+    "copy_to_ranks",
+    "sum_over_ranks",
+    "gather_sequence",
+    "scatter_sequence",
+    "all_to_all",
+    "collective_rank",
+    "RingAttentionFunction",
+    "ring_attention_autograd",
+    "ring_backward_rank",
+    "MegatronAttention",
+    "MegatronBlock",
+    "tensor_parallel_backward_rank",
+    "megatron_block_rank",
+    "ulysses_backward_rank",
+    "mesh_groups",
+    "mesh_rank",
+    "one_process_grads",
+    "one_process_attention_grads",
+    "shard_of_grads",
+    "flat_grads",
 ]

@@ -67,3 +67,36 @@ def communication_bytes(
     else:
         raise ValueError(f"scheme must be 'tensor', 'ring' or 'ulysses', got scheme={scheme!r}")
     return elements * bytes_per_element
+
+
+def sequence_parallel_bytes(
+    *, batch: int, length: int, d_model: int, world_size: int, bytes_per_element: int = 4
+) -> dict[str, int]:
+    """Bytes one rank sends for one attention layer under Megatron's sequence parallelism, in each
+    direction (the backward swaps the two collectives, so it sends the same): an all-gather of the
+    normalised (B, L/P, d_model) blocks before the column-parallel projections and a reduce-scatter
+    of the (B, L, d_model) partial outputs after the row-parallel one, each passing P-1 blocks of
+    B·(L/P)·d_model elements on. Together 2(P-1)/P·B·L·d_model elements: what "tensor" parallelism's
+    one all-reduce sends (:func:`communication_bytes`), since a ring all-reduce is a reduce-scatter
+    followed by an all-gather (Korthikanti et al. 2022, arXiv:2205.05198, §4.2.2)."""
+    for name, value in (("batch", batch), ("length", length), ("d_model", d_model), ("world_size", world_size)):
+        validation.positive_int(name, value)
+    if length % world_size:
+        raise ValueError(
+            f"length={length} must be divisible by world_size={world_size} (one block of positions per rank)"
+        )
+    block = (world_size - 1) * batch * (length // world_size) * d_model * bytes_per_element
+    return {"all_gather": block, "reduce_scatter": block}
+
+
+def norm_activation_elements(*, batch: int, length: int, d_model: int, world_size: int, sequence_parallel: bool) -> int:
+    """Elements of the norm's input and output that one rank holds for one layer: 2·B·L·d_model
+    when every rank normalises the whole sequence (tensor parallelism alone), 2·B·(L/P)·d_model
+    with sequence parallelism (each rank normalises its own positions)."""
+    for name, value in (("batch", batch), ("length", length), ("d_model", d_model), ("world_size", world_size)):
+        validation.positive_int(name, value)
+    if sequence_parallel and length % world_size:
+        raise ValueError(
+            f"length={length} must be divisible by world_size={world_size} (one block of positions per rank)"
+        )
+    return 2 * batch * (length // world_size if sequence_parallel else length) * d_model

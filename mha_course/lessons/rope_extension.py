@@ -194,9 +194,9 @@ class LocalSetup:
     d_model: int = 32
     num_heads: int = 2
     theta: float = 10000.0
-    steps: int = 150
+    steps: int = 100
     batch: int = 16
-    lr: float = 2e-2
+    lr: float = 1e-2
     eval_batch: int = 100
     seeds: tuple = (0, 1, 2)
 

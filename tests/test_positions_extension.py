@@ -83,3 +83,84 @@ def test_cli_prints_the_table(capsys):
     ext.main(["--seeds", "2", "--steps", "3", "--eval-batch", "20"])
     out = capsys.readouterr().out
     assert "2 runs" in out and "YaRN" in out and "[95% CI]" in out
+
+
+@pytest.mark.parametrize(("length", "method"), [(9, "RoPE"), (24, "YaRN"), (17, "interpolation"), (40, "dynamic NTK")])
+def test_local_order_model_is_one_causal_sdpa_layer(length, method):
+    """The model against F.scaled_dot_product_attention (causal) with the package's rotations."""
+    s = ext.LocalSetup(train_length=8, d_model=16, num_heads=2, vocab=6)
+    torch.manual_seed(0)
+    model = ext.LocalOrderModel(s).double()
+    tokens = torch.randint(0, 6, (3, length), generator=torch.Generator().manual_seed(1))
+    kw = ext.local_method(method, s, length)
+    pos = torch.arange(length)
+
+    def heads(t):  # (B, L, 16) -> (B, 2, L, 8)
+        return t.view(t.shape[0], t.shape[1], 2, 8).transpose(1, 2)
+
+    theta, scaling = kw.get("theta", 10000.0), kw.get("scaling")
+    with torch.no_grad():
+        x = model.embed(tokens)
+        q = mc.apply_rope(heads(model.q_proj(x)), pos, theta=theta, scaling=scaling)
+        k = mc.apply_rope(heads(model.k_proj(x)), pos, theta=theta, scaling=scaling)
+        out = F.scaled_dot_product_attention(q, k, heads(model.v_proj(x)), is_causal=True)
+        expected = model.readout(x + model.o_proj(out.transpose(1, 2).flatten(2)))
+        assert torch.allclose(model(tokens, **kw), expected, atol=1e-10)
+        if method != "RoPE":  # the method reaches the rotations
+            assert not torch.allclose(model(tokens), expected, atol=1e-6)
+
+
+def test_local_method_keywords():
+    s = ext.LocalSetup(train_length=32, d_model=32, num_heads=2)
+    assert ext.local_method("RoPE", s, 128) == {}
+    assert ext.local_method("interpolation", s, 32) == {}  # at the trained length: plain RoPE
+    assert ext.local_method("interpolation", s, 128) == {"scaling": {"rope_type": "linear", "factor": 4.0}}
+    yarn = ext.local_method("YaRN", s, 64)["scaling"]
+    assert yarn == {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32}
+    assert ext.local_method("dynamic NTK", s, 32) == {"theta": 10000.0}
+    assert ext.local_method("dynamic NTK", s, 128)["theta"] == pytest.approx(10000.0 * 4 ** (16 / 14))
+    with pytest.raises(ValueError, match="method must be one of"):
+        ext.local_method("ALiBi", s, 64)
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        ((10000.0, 16, 0, 32), "positive integers"),
+        ((10000.0, 16, 64, 32.0), "positive integers"),
+        ((10000.0, 3, 64, 32), "head_dim"),
+    ],
+)
+def test_dynamic_ntk_theta_bad_input_is_named(args, match):
+    with pytest.raises(ValueError, match=match):
+        ext.dynamic_ntk_theta(*args)
+
+
+def test_local_accuracy_counts_the_token_one_back():
+    """A stand-in model that outputs one-hot logits of the token k back scores 1 for k = 1 only."""
+    s = ext.LocalSetup(train_length=8, vocab=5, eval_batch=20)
+
+    class Back(torch.nn.Module):
+        def __init__(self, k):
+            super().__init__()
+            self.k = k
+
+        def forward(self, tokens, **kw):
+            shifted = torch.roll(tokens, self.k, dims=1)  # (B, L): token k positions back (wraps)
+            return F.one_hot(shifted, 5).double()
+
+    assert ext.local_accuracy(Back(1), s, 2, "RoPE") == 1.0
+    assert ext.local_accuracy(Back(0), s, 2, "RoPE") < 0.4  # the token itself: right only by repeats
+    assert ext.local_accuracy(Back(2), s, 2, "RoPE") < 0.4
+
+
+def test_a_short_local_run_learns_and_interpolation_loses_local_order():
+    s = ext.LocalSetup(train_length=16, steps=100, seeds=(0,), eval_factors=(1, 4), eval_batch=50)
+    results = ext.run_local(s, progress=False)
+    assert set(results) == {(m, f) for m in ext.LOCAL_METHODS for f in (1, 4)}
+    assert len({results[(m, 1)][0] for m in ext.LOCAL_METHODS}) == 1  # factor 1: all plain RoPE
+    assert results[("RoPE", 1)][0] > 0.9  # learnt: chance is 1/16
+    assert results[("interpolation", 4)][0] < results[("YaRN", 4)][0] - 0.3
+    text = ext.table(results, s, ext.LOCAL_METHODS)
+    assert text.splitlines()[0].split() == ["method", "L", "=", "16", "(1x)", "L", "=", "64", "(4x)"]
+    assert [line[:14].strip() for line in text.splitlines()[1:]] == list(ext.LOCAL_METHODS)

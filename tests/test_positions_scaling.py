@@ -158,3 +158,25 @@ def test_default_and_rope_theta_in_the_dict_are_plain_rope():
     v5 = {"rope_type": "default", "rope_theta": 500000.0}  # transformers v5 rope_parameters
     assert torch.equal(P.rope_frequencies(64, 500000.0, scaling=v5), plain)
     assert mc.rope_attention_factor(None) == 1.0 == mc.rope_attention_factor(LLAMA31)
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "factor", "trained", "length"), [(16, 1.0, 17, 65), (64, 4.0, 512, 1536), (32, 2.0, 100, 50)]
+)
+def test_dynamic_ntk_theta_gives_transformers_dynamic_frequencies(head_dim, factor, trained, length):
+    """The notebook's dynamic NTK (plain RoPE with a base from dynamic_ntk_theta) against
+    transformers' own 'dynamic' init function at that sequence length (shorter: theta unchanged)."""
+    from mha_course.lessons.rope_extension import dynamic_ntk_theta
+
+    config = transformers.LlamaConfig(
+        hidden_size=4 * head_dim,
+        num_attention_heads=4,
+        head_dim=head_dim,
+        max_position_embeddings=trained,
+        rope_parameters={"rope_type": "dynamic", "factor": factor, "rope_theta": 10000.0},
+    )
+    hf, _ = ROPE_INIT_FUNCTIONS["dynamic"](config, seq_len=length)
+    ours = P.rope_frequencies(head_dim, dynamic_ntk_theta(10000.0, head_dim, length, trained, factor))
+    assert ((ours.double() - hf.double()).abs() / hf.double()).max() < 1e-5
+    if length <= trained:
+        assert dynamic_ntk_theta(10000.0, head_dim, length, trained, factor) == 10000.0

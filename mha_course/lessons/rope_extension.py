@@ -20,6 +20,11 @@ length) and with YaRN (factor the same, original context = the training length),
 fine-tuning; the ALiBi model is trained with ALiBi. Training runs in float64 with one thread
 (see :mod:`.tiny_training`): the printed accuracies are then the same on every CPU.
 
+A second task needs local order, which the retrieval task (key and value fused into one item)
+cannot test: random tokens, and at every position the answer is the token one position back
+(:class:`LocalOrderModel`, one causal RoPE layer, :func:`run_local`). It is evaluated the same way,
+with plain RoPE, interpolation, dynamic NTK (:func:`dynamic_ntk_theta`) and YaRN.
+
 ``python -m mha_course.lessons.rope_extension`` runs the full sweep (more training runs, longer
 training).
 """
@@ -166,6 +171,143 @@ def run(s: Setup = Setup(), *, progress: bool = True) -> dict:
     return results
 
 
+# --- A task that needs local order: name the token one position back ----------------------------
+#
+# A sequence of random tokens; at every position t >= 1 the answer is the token at t - 1:
+#
+#     x_0 x_1 x_2 … x_{L-1}   ->   at t: x_{t-1}
+#
+# One causal RoPE attention layer must put its weight on offset 1 and not on 0 (the token itself,
+# also in the residual) or 2: neighbouring positions must stay distinguishable. Only the fast
+# pairs tell offsets 0, 1 and 2 apart, which is what interpolation slows and YaRN keeps.
+
+LOCAL_METHODS = ("RoPE", "interpolation", "dynamic NTK", "YaRN")
+
+
+@dataclass(frozen=True)
+class LocalSetup:
+    """The local-order experiment's configuration (trained at ``train_length`` tokens)."""
+
+    train_length: int = 32
+    eval_factors: tuple = (1, 2, 4)
+    vocab: int = 16
+    d_model: int = 32
+    num_heads: int = 2
+    theta: float = 10000.0
+    steps: int = 100
+    batch: int = 16
+    lr: float = 1e-2
+    eval_batch: int = 100
+    seeds: tuple = (0, 1, 2)
+
+
+def dynamic_ntk_theta(theta: float, head_dim: int, length: int, original_length: int, factor: float = 1.0) -> float:
+    """Dynamic NTK scaling (transformers' ``rope_type="dynamic"``): plain RoPE with the base
+    theta · (factor · length / original_length − factor + 1)^(d/(d−2)) once ``length`` exceeds
+    ``original_length`` (theta itself up to it)."""
+    if not (isinstance(length, int) and isinstance(original_length, int) and original_length > 0 and length > 0):
+        raise ValueError(
+            f"length and original_length must be positive integers, got length={length!r}, "
+            f"original_length={original_length!r}"
+        )
+    if head_dim <= 2 or head_dim % 2:
+        raise ValueError(f"head_dim must be even and > 2, got {head_dim!r}")
+    if length <= original_length:
+        return float(theta)
+    return float(theta * (factor * length / original_length - (factor - 1)) ** (head_dim / (head_dim - 2)))
+
+
+class LocalOrderModel(nn.Module):
+    """Token embeddings, one causal RoPE attention layer with a residual, a readout at every
+    position. ``forward(tokens, *, scaling=None, theta=None)`` -> logits (B, L, vocab);
+    ``scaling``: a rope_scaling dict, ``theta``: the base for this call (dynamic NTK)."""
+
+    def __init__(self, s: LocalSetup):
+        super().__init__()
+        self.h, self.hd, self.theta = s.num_heads, s.d_model // s.num_heads, s.theta
+        self.embed = nn.Embedding(s.vocab, s.d_model)
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
+            nn.Linear(s.d_model, s.d_model, bias=False) for _ in range(4)
+        )
+        self.readout = nn.Linear(s.d_model, s.vocab)
+
+    def forward(self, tokens, *, scaling=None, theta=None) -> torch.Tensor:
+        theta = self.theta if theta is None else theta
+        x = self.embed(tokens)  # (B, L, d)
+        L = x.shape[1]
+        pos = torch.arange(L)  # (L,)
+        q, k, v = (
+            proj(x).unflatten(-1, (self.h, self.hd)).transpose(1, 2) for proj in (self.q_proj, self.k_proj, self.v_proj)
+        )  # each (B, h, L, hd)
+        q = P.apply_rope(q, pos, theta=theta, scaling=scaling)
+        k = P.apply_rope(k, pos, theta=theta, scaling=scaling)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(self.hd)  # (B, h, L, L)
+        scores = scores.masked_fill(pos[None, :] > pos[:, None], float("-inf"))  # causal
+        out = self.o_proj((scores.softmax(-1) @ v).transpose(1, 2).flatten(2))  # (B, L, d)
+        return self.readout(x + out)  # (B, L, vocab)
+
+
+def _local_loss_terms(model, tokens, **kw):
+    logits = model(tokens, **kw)[:, 1:]  # (B, L-1, vocab): positions 1 … L-1
+    return logits, tokens[:, :-1]  # the answers: one position back
+
+
+def train_local(s: LocalSetup, seed: int, *, progress=None) -> LocalOrderModel:
+    """Train one model at ``s.train_length`` with plain RoPE (float64, one thread, Adam)."""
+    with single_thread():
+        torch.manual_seed(seed)
+        model = LocalOrderModel(s).double()
+        opt = torch.optim.Adam(model.parameters(), lr=s.lr)
+        g = torch.Generator().manual_seed(2000 + seed)
+        for _ in range(s.steps):
+            tokens = torch.randint(0, s.vocab, (s.batch, s.train_length), generator=g)
+            logits, answer = _local_loss_terms(model, tokens)
+            loss = F.cross_entropy(logits.flatten(0, 1), answer.flatten())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if progress is not None:
+                progress.update(1)
+    return model.eval()
+
+
+def local_method(method: str, s: LocalSetup, length: int) -> dict:
+    """The keyword arguments of LocalOrderModel.forward for ``method`` at ``length`` tokens."""
+    if method not in LOCAL_METHODS:
+        raise ValueError(f"method must be one of {LOCAL_METHODS}, got {method!r}")
+    if method == "dynamic NTK":
+        return {"theta": dynamic_ntk_theta(s.theta, s.d_model // s.num_heads, length, s.train_length)}
+    if method == "RoPE" or length <= s.train_length:
+        return {}
+    return {"scaling": scaling_for(method, length / s.train_length, s.train_length)}
+
+
+@torch.no_grad()
+def local_accuracy(model: LocalOrderModel, s: LocalSetup, factor: int, method: str, *, seed: int = 54321) -> float:
+    """Share of positions 1 … L-1 (L = factor · s.train_length) of ``s.eval_batch`` fresh
+    sequences whose token one back the model names, run with ``method`` (one of LOCAL_METHODS)."""
+    length = s.train_length * factor
+    g = torch.Generator().manual_seed(seed + length)
+    tokens = torch.randint(0, s.vocab, (s.eval_batch, length), generator=g)
+    with single_thread():
+        logits, answer = _local_loss_terms(model, tokens, **local_method(method, s, length))
+        return (logits.argmax(-1) == answer).double().mean().item()
+
+
+def run_local(s: LocalSetup = LocalSetup(), *, progress: bool = True) -> dict:
+    """Train one RoPE model per seed; evaluate every method of LOCAL_METHODS at every length.
+    Returns {(method, factor): [accuracy per run]}."""
+    results = {(m, f): [] for m in LOCAL_METHODS for f in s.eval_factors}
+    bar = progress_bar(total=s.steps * len(s.seeds), desc="training", disable=not progress)
+    for seed in s.seeds:
+        model = train_local(s, seed, progress=bar)
+        for m in LOCAL_METHODS:
+            for f in s.eval_factors:
+                results[(m, f)].append(local_accuracy(model, s, f, m))
+    bar.close()
+    return results
+
+
 def interval(values) -> tuple[float, float, float]:
     """Mean and the 95% Student-t interval of the mean over training runs, clipped to [0, 1]."""
     x = torch.tensor(values, dtype=torch.float64)
@@ -176,11 +318,12 @@ def interval(values) -> tuple[float, float, float]:
     return mean, max(mean - half, 0.0), min(mean + half, 1.0)
 
 
-def table(results: dict, s: Setup) -> str:
-    """The results as text: one row per method, one column per eval length, mean [95% interval]."""
+def table(results: dict, s: Setup, methods: tuple = METHODS) -> str:
+    """The results as text: one row per method (``methods``: METHODS or LOCAL_METHODS), one column
+    per eval length, mean [95% interval]."""
     head = f"{'method':<14}" + "".join(f"{f'L = {s.train_length * f} ({f}x)':>22}" for f in s.eval_factors)
     rows = [head]
-    for m in METHODS:
+    for m in methods:
         cells = []
         for f in s.eval_factors:
             mean, lo, hi = interval(results[(m, f)])

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .framework import CheckResult, diagnoses, learner_raised, tensor_generator, type_name
+from .framework import CheckResult, Mistake, diagnoses, learner_raised, tensor_generator, type_name
 
 __all__ = ["attention_from_bert"]
 
@@ -106,6 +106,10 @@ MISTAKES = (
 def mistake_fn(name: str):
     """A wrong solution that makes the mistake ``name`` (the checker's tests run each one)."""
     return lambda layer, x, mask, num_heads: reference(layer, x, mask, num_heads, mistake=name)
+
+
+# the mistakes as wrong solutions, with their diagnoses (the instructor guide lists them; the tests run each one)
+ATTENTION_FROM_BERT_MISTAKES = [Mistake(name, mistake_fn(name), diagnoses(NAME)[name]) for name in MISTAKES]
 
 
 def _close(a, b, tol=2e-5) -> bool:

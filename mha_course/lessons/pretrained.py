@@ -24,6 +24,7 @@ queries and columns = keys; layers and heads count from 0.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import warnings
 from collections.abc import Iterable, Sequence
@@ -82,6 +83,28 @@ def model_source() -> str:
     except ImportError:
         return HUB_ID
     return str(get_model_path())
+
+
+#: the published identity of the weights file: ``model.safetensors`` of :data:`HUB_ID` at hub
+#: revision :data:`HUB_REVISION` (a Git LFS file; the hub shows its SHA-256 on the file's page,
+#: https://huggingface.co/sentence-transformers/all-MiniLM-L6-v2/blob/1110a243fdf4706b3f48f1d95db1a4f5529b4d41/model.safetensors)
+#: and its size in bytes — the digest and size as public projects pin them when they download that
+#: file from the hub at this revision and verify it (recorded from those, not from the shipped file).
+HUB_REVISION = "1110a243fdf4706b3f48f1d95db1a4f5529b4d41"
+PUBLISHED_WEIGHTS = {
+    "file": "model.safetensors",
+    "sha256": "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+    "bytes": 90_868_376,
+}
+
+
+def file_sha256(path) -> str:
+    """The SHA-256 of a file's bytes, hex, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 @contextlib.contextmanager
@@ -467,3 +490,27 @@ def draw_role_scores(scores: dict[str, torch.Tensor]):
     fig.suptitle("Head roles, averaged over the sentences (layers and heads count from 0)")
     fig.tight_layout()
     return fig
+
+
+def key_removal_effect(encoder: Encoder, batch, positions) -> dict[str, float]:
+    """What the model loses when no query of any head, in any layer, may attend to one token per
+    sentence (its attention is redistributed over the other tokens by the softmax):
+    ``positions`` (B,) the removed token of each sentence of ``batch`` (the tokenizer's output).
+    Compared over the other real tokens: ``mean`` and ``max`` relative change of the last layer's
+    token vectors, ‖h' − h‖ / ‖h‖, and ``min_cos`` the lowest cosine between a sentence's mean-pooled
+    embedding with and without the token's keys."""
+    am = batch["attention_mask"]
+    positions = torch.as_tensor(positions)
+    if positions.shape != am.shape[:1]:
+        raise ValueError(
+            f"positions: expected one index per sentence, shape ({am.shape[0]},), got {tuple(positions.shape)}"
+        )
+    rows = torch.arange(am.shape[0])
+    others = am.clone()
+    others[rows, positions] = 0  # the removed token is neither a key nor compared
+    with torch.no_grad():
+        base, _ = encoder(batch["input_ids"], am)
+        changed, _ = encoder(batch["input_ids"], others)
+    rel = ((changed - base).norm(dim=-1) / base.norm(dim=-1))[others.bool()]
+    cos = (Encoder.sentence_embedding(changed, others) * Encoder.sentence_embedding(base, others)).sum(dim=-1)
+    return {"mean": rel.mean().item(), "max": rel.max().item(), "min_cos": cos.min().item()}

@@ -44,9 +44,9 @@ from __future__ import annotations
 
 from .allgather import allgather_attention, allgather_rank
 from .costs import communication_bytes
-from .launcher import MAX_WORLD_SIZE, Ranks, launch
+from .launcher import MAX_WORLD_SIZE, Ranks, launch, shippable
 from .layouts import sequence_positions, shard_sequence, unshard_sequence
-from .ring import ring_attention, ring_rank
+from .ring import block_attention, ring_attention, ring_rank
 from .tensor_parallel import TensorParallelAttention, dtensor_rank, heads_of_rank, tensor_parallel_rank
 from .traffic import Traffic, ring_all_reduce, ring_all_reduce_rank
 from .ulysses import ulysses_attention, ulysses_rank
@@ -67,6 +67,8 @@ __all__ = [
     "sequence_positions",
     "ring_attention",
     "ring_rank",
+    "block_attention",
+    "shippable",
     "ulysses_attention",
     "ulysses_rank",
     "allgather_attention",

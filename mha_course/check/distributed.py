@@ -11,7 +11,17 @@ from ..distributed import heads_of_rank as _heads_reference
 from ..distributed.launcher import Ranks, shippable
 from ..distributed.ring import block_attention
 from ..tiled import merge_partials as _merge_reference
-from .framework import NOT_ATTEMPTED, Case, CheckResult, mistakes, run_check, tensor_generator, type_name
+from .framework import (
+    NOT_ATTEMPTED,
+    Case,
+    CheckResult,
+    Mistake,
+    diagnoses,
+    mistakes,
+    run_check,
+    tensor_generator,
+    type_name,
+)
 
 __all__ = ["heads_of_rank", "merge_partials", "ring_steps"]
 
@@ -238,19 +248,9 @@ def _ring_variants(q_r, blocks, r, P):
     }
 
 
-_RING_WORDS = {
-    "sent block": "you folded the block this rank sent instead of the one that arrived: fold the "
-    "receive buffer, then pass that block on at the next step",
-    "sent block, then moved on": "you folded the block this rank sent instead of the one that arrived: "
-    "its own block counts twice and the last block to arrive is never folded",
-    "average": "you averaged the running output and the block's output: the merge needs each part's "
-    "log-sum-exp (merge_partials), which weighs each by its share of the softmax mass",
-    "before wait": "you folded the receive buffer before wait() returned: until then it holds "
-    "whatever was in it (here zeros), not the arriving block",
-    "one step too many": "one step too many: with P ranks a rank receives the P − 1 blocks it does not "
-    "hold; a P-th step brings its own block back and folds it twice",
-    "one step too few": "one step too few: a rank must fold the P − 1 blocks it does not hold, after its own",
-}
+_RING_WORDS = diagnoses("ring_steps")
+#: what :func:`ring_steps` can name (its diagnoses; the mistakes are recognised on the ranks' results)
+RING_STEPS_MISTAKES = [Mistake(name, None, words) for name, words in _RING_WORDS.items()]
 
 
 def _close_to(got, want, tol=1e-8):
@@ -273,10 +273,9 @@ def _check_ring_on(fn, P, first):
     except TimeoutError:
         return CheckResult(
             False,
-            f"{name}: likely mistake — wrong neighbour: a rank waited for a block no rank sent it ({where}). "
-            f"Each rank sends to (rank + 1) % P and receives from (rank − 1) % P, so every send meets its receive",
-            "the ranks were stopped after "
-            f"{RING_HANG_S:g} s; a send to rank + 1 is only received if rank + 1 receives from rank",
+            f"{name}: likely mistake — {_RING_WORDS['hang']} ({where})",
+            f"the ranks were stopped after {RING_HANG_S:g} s; a send to rank + 1 is only received if rank + 1 "
+            f"receives from rank",
         )
     except RuntimeError as exc:
         return CheckResult(False, f"{name}: a rank failed {where}", str(exc).splitlines()[0][:300])
@@ -298,8 +297,7 @@ def _check_ring_on(fn, P, first):
             said = f"sent to rank {wrong_to[0]}" if wrong_to else f"received from rank {wrong_from[0]}"
             return CheckResult(
                 False,
-                f"{name}: likely mistake — wrong neighbour: rank {r} {said} ({where}); in this ring rank r "
-                f"sends to (r + 1) % P = {nxt} and receives from (r − 1) % P = {prv}",
+                f"{name}: likely mistake — {_RING_WORDS['wrong neighbour']} (rank {r} {said}, {where})",
             )
     blocks = list(zip(k.chunk(P, dim=2), v.chunk(P, dim=2), strict=True))
     for r, (_, got, _) in enumerate(results):

@@ -315,9 +315,11 @@ def _check_ring_on(fn, P, first):
             )
         if _close_to(out, want_out) and _close_to(lse, want_lse):
             continue
-        for mistake, (v_out, _) in variants.items():
-            if _close_to(out, v_out):
-                return CheckResult(False, f"{name}: likely mistake — {_RING_WORDS[mistake]}", f"rank {r}, {where}")
+        # out and lse first: folding a block twice leaves out as it was and only moves lse
+        matches = [m for m, (v_out, v_lse) in variants.items() if _close_to(out, v_out) and _close_to(lse, v_lse)]
+        matches += [m for m, (v_out, _) in variants.items() if _close_to(out, v_out)]
+        if matches:
+            return CheckResult(False, f"{name}: likely mistake — {_RING_WORDS[matches[0]]}", f"rank {r}, {where}")
         if _close_to(out, want_out):
             return CheckResult(
                 False,

@@ -160,4 +160,164 @@ def test_merge_partials_not_attempted_and_raising():
 
 
 def test_checkers_are_registered():
-    assert {"heads_of_rank", "merge_partials"} <= set(mc.check.available())
+    assert {"heads_of_rank", "merge_partials", "ring_steps"} <= set(mc.check.available())
+
+
+# --- ring_steps: the learner's ring on real ranks ------------------------------------------------
+# Each variant is a top-level function of this file: the check ships it to the ranks by its source.
+
+import torch.distributed as dist  # noqa: E402
+
+
+def _exchange(kv, to, frm):
+    arriving = torch.empty_like(kv)
+    requests = [dist.isend(kv, to), dist.irecv(arriving, frm)]
+    for request in requests:
+        request.wait()
+    return arriving
+
+
+def ring_isend(q, k, v):
+    rank, P = dist.get_rank(), dist.get_world_size()
+    kv = torch.stack([k, v])
+    out, lse = mc.distributed.block_attention(q, k, v)
+    for _ in range(P - 1):
+        kv = _exchange(kv, (rank + 1) % P, (rank - 1) % P)
+        out, lse = mc.merge_partials(out, lse, *mc.distributed.block_attention(q, kv[0], kv[1]))
+    return out, lse
+
+
+def ring_send_recv_ordered(q, k, v):  # blocking send/recv, even ranks send first: no deadlock
+    rank, P = dist.get_rank(), dist.get_world_size()
+    out, lse = mc.distributed.block_attention(q, k, v)
+    for _ in range(P - 1):
+        k_in, v_in = torch.empty_like(k), torch.empty_like(v)
+        for tensor, arriving in ((k, k_in), (v, v_in)):
+            if rank % 2 == 0:
+                dist.send(tensor, dst=(rank + 1) % P)
+                dist.recv(arriving, src=(rank - 1) % P)
+            else:
+                dist.recv(arriving, src=(rank - 1) % P)
+                dist.send(tensor, dst=(rank + 1) % P)
+        k, v = k_in, v_in
+        o, s = mc.distributed.block_attention(q, k, v)
+        m = torch.maximum(lse, s)
+        w_a, w_b = torch.exp(lse - m), torch.exp(s - m)
+        out, lse = (w_a[..., None] * out + w_b[..., None] * o) / (w_a + w_b)[..., None], m + torch.log(w_a + w_b)
+    return out, lse
+
+
+def ring_backwards(q, k, v):  # sends to rank − 1, receives from rank + 1: a ring, the wrong way round
+    rank, P = dist.get_rank(), dist.get_world_size()
+    kv = torch.stack([k, v])
+    out, lse = mc.distributed.block_attention(q, k, v)
+    for _ in range(P - 1):
+        kv = _exchange(kv, (rank - 1) % P, (rank + 1) % P)
+        out, lse = mc.merge_partials(out, lse, *mc.distributed.block_attention(q, kv[0], kv[1]))
+    return out, lse
+
+
+def ring_receive_from_next(q, k, v):  # sends to rank + 1 and receives from rank + 1: a hang on 3 ranks
+    rank, P = dist.get_rank(), dist.get_world_size()
+    kv = torch.stack([k, v])
+    out, lse = mc.distributed.block_attention(q, k, v)
+    for _ in range(P - 1):
+        kv = _exchange(kv, (rank + 1) % P, (rank + 1) % P)
+        out, lse = mc.merge_partials(out, lse, *mc.distributed.block_attention(q, kv[0], kv[1]))
+    return out, lse
+
+
+def ring_folds_sent_block(q, k, v):
+    rank, P = dist.get_rank(), dist.get_world_size()
+    kv = torch.stack([k, v])
+    out, lse = mc.distributed.block_attention(q, k, v)
+    for _ in range(P - 1):
+        arriving = _exchange(kv, (rank + 1) % P, (rank - 1) % P)
+        out, lse = mc.merge_partials(out, lse, *mc.distributed.block_attention(q, kv[0], kv[1]))
+        kv = arriving
+    return out, lse
+
+
+def ring_folds_before_wait(q, k, v):
+    rank, P = dist.get_rank(), dist.get_world_size()
+    kv = torch.stack([k, v])
+    out, lse = mc.distributed.block_attention(q, k, v)
+    for _ in range(P - 1):
+        arriving = torch.zeros_like(kv)
+        out, lse = mc.merge_partials(out, lse, *mc.distributed.block_attention(q, arriving[0], arriving[1]))
+        requests = [dist.isend(kv, (rank + 1) % P), dist.irecv(arriving, (rank - 1) % P)]
+        for request in requests:
+            request.wait()
+        kv = arriving
+    return out, lse
+
+
+def ring_averages(q, k, v):
+    rank, P = dist.get_rank(), dist.get_world_size()
+    kv = torch.stack([k, v])
+    out, lse = mc.distributed.block_attention(q, k, v)
+    for _ in range(P - 1):
+        kv = _exchange(kv, (rank + 1) % P, (rank - 1) % P)
+        o, s = mc.distributed.block_attention(q, kv[0], kv[1])
+        out, lse = (out + o) / 2, torch.logaddexp(lse, s)
+    return out, lse
+
+
+def ring_p_steps(q, k, v):
+    rank, P = dist.get_rank(), dist.get_world_size()
+    kv = torch.stack([k, v])
+    out, lse = mc.distributed.block_attention(q, k, v)
+    for _ in range(P):
+        kv = _exchange(kv, (rank + 1) % P, (rank - 1) % P)
+        out, lse = mc.merge_partials(out, lse, *mc.distributed.block_attention(q, kv[0], kv[1]))
+    return out, lse
+
+
+def ring_p_minus_2_steps(q, k, v):
+    rank, P = dist.get_rank(), dist.get_world_size()
+    kv = torch.stack([k, v])
+    out, lse = mc.distributed.block_attention(q, k, v)
+    for _ in range(P - 2):
+        kv = _exchange(kv, (rank + 1) % P, (rank - 1) % P)
+        out, lse = mc.merge_partials(out, lse, *mc.distributed.block_attention(q, kv[0], kv[1]))
+    return out, lse
+
+
+def ring_todo(q, k, v):
+    raise NotImplementedError("Exercise 14.3: your code here")
+
+
+def ring_broken(q, k, v):
+    return q @ k, None
+
+
+@pytest.mark.parametrize("fn", [ring_isend, ring_send_recv_ordered])
+def test_ring_steps_accepts_correct_variants(fn):
+    result = mc.check.ring_steps(fn)
+    assert result.passed, result
+
+
+@pytest.mark.parametrize(
+    "fn, words",
+    [
+        (ring_backwards, "rank 0 sent to rank 2"),
+        (ring_receive_from_next, "wrong neighbour: a rank waited for a block no rank sent it"),
+        (ring_folds_sent_block, "folded the block this rank sent"),
+        (ring_folds_before_wait, "before wait() returned"),
+        (ring_averages, "averaged the running output"),
+        (ring_p_steps, "one step too many"),
+        (ring_p_minus_2_steps, "one step too few"),
+    ],
+)
+def test_ring_steps_names_mistakes(fn, words):
+    result = mc.check.ring_steps(fn)
+    assert not result.passed and result.status == "failed", result
+    assert "likely mistake" in result.message and words in result.message, result
+
+
+def test_ring_steps_not_attempted_raising_and_unshippable():
+    assert mc.check.ring_steps(ring_todo).status == "not attempted"
+    result = mc.check.ring_steps(ring_broken)
+    assert not result.passed and "RuntimeError" in result.message and "rank 0" in result.message, result
+    result = mc.check.ring_steps(lambda q, k, v: (q, k))
+    assert not result.passed and "cannot run on the ranks" in result.message and "lambda" in result.message, result

@@ -415,3 +415,50 @@ def test_allgather_context_parallelism_equals_one_process_and_sends_the_rings_by
     )
     assert [r[1] for r in results] == [{"all_gather": (P - 1) * block}] * P
     assert ring == (P - 1) * block
+
+
+# --- shipping a function that the ranks cannot import by name -----------------------------------
+
+_SCALE = 3.0  # a global the shipped function reads: it travels by pickling
+
+
+def _scaled(x):
+    return x * _SCALE
+
+
+def rank_and_scaled(x):  # defined in a test file, as in a notebook cell: travels by its source
+    return torch.distributed.get_rank(), _scaled(x)
+
+
+def test_a_function_not_importable_by_name_travels_by_its_source(ranks):
+    assert md.shippable(rank_and_scaled) is not rank_and_scaled  # this file is not importable on a rank
+    assert md.shippable(md.ring_rank) is md.ring_rank  # the course's functions travel by name
+    got = ranks[2].run(rank_and_scaled, torch.arange(3.0))
+    assert [r for r, _ in got] == [0, 1]
+    for _, x in got:
+        torch.testing.assert_close(x, torch.tensor([0.0, 3.0, 6.0]))
+
+
+def test_a_file_written_from_a_notebook_runs_afresh_each_time(ranks, tmp_path):
+    path = tmp_path / "rank_job.py"
+    for factor in (10, 20):  # rewritten between runs, as %%writefile does: the ranks see the new code
+        path.write_text(
+            f"import torch.distributed as dist\n\n\ndef job(a):\n    return dist.get_rank() + {factor} * a\n"
+        )
+        assert ranks[2].run(f"{path}:job", 1) == [factor, factor + 1]
+
+
+def test_what_cannot_travel_is_refused_with_what_to_do(ranks):
+    def nested(x):
+        return x
+
+    with pytest.raises(TypeError, match="nested function"):
+        ranks[2].run(nested, 1)
+    with pytest.raises(ValueError, match="expected 'module:function'"):
+        ranks[2].run("no_colon_here", 1)
+    with pytest.raises(FileNotFoundError, match="no file"):
+        ranks[2].run("missing_file.py:job", 1)
+    with pytest.raises(AttributeError, match="has no function 'nope'"):
+        ranks[2].run("mha_course.distributed:nope", 1)
+    with pytest.raises(TypeError, match="must be a function"):
+        ranks[2].run(42)

@@ -21,7 +21,7 @@ from .cached_gqa import cached_gqa_attention
 from .cross_attention import cross_attention
 from .demo import normalize_rows
 from .diagnostics import attention_entropy
-from .distributed import heads_of_rank, merge_partials
+from .distributed import heads_of_rank, merge_partials, ring_steps
 from .framework import CheckResult
 from .gqa import repeat_kv
 from .head_budget import attention_flops_split
@@ -90,6 +90,7 @@ CHECKERS = {
         repeat_kv_backward,
         heads_of_rank,
         merge_partials,
+        ring_steps,
         topk_mask,
         delta_rule_update,
         pre_norm_block,

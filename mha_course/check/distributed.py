@@ -1,15 +1,29 @@
-"""Checkers for notebook 14's exercises: which heads a rank holds under tensor parallelism, and
-the merge of two partial attention results that ring attention does when a block arrives."""
+"""Checkers for notebook 14's exercises: which heads a rank holds under tensor parallelism, the
+merge of two partial attention results that ring attention does when a block arrives, and the
+ring's steps themselves, run on real ranks."""
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from ..distributed import heads_of_rank as _heads_reference
+from ..distributed.launcher import Ranks, shippable
+from ..distributed.ring import block_attention
 from ..tiled import merge_partials as _merge_reference
-from .framework import Case, CheckResult, mistakes, run_check, tensor_generator
+from .framework import (
+    NOT_ATTEMPTED,
+    Case,
+    CheckResult,
+    Mistake,
+    diagnoses,
+    mistakes,
+    run_check,
+    tensor_generator,
+    type_name,
+)
 
-__all__ = ["heads_of_rank", "merge_partials"]
+__all__ = ["heads_of_rank", "merge_partials", "ring_steps"]
 
 _INF = float("-inf")
 
@@ -159,4 +173,190 @@ def merge_partials(fn) -> CheckResult:
         mistakes=MERGE_PARTIALS_MISTAKES,
         arg_names=("out_a", "lse_a", "out_b", "lse_b"),
         output_names=("out", "lse"),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# ring_steps(q, k, v) -> (out, lse), run on every rank of a real gloo group
+
+_P2P = ("send", "recv", "isend", "irecv")
+#: seconds a run may take before the check calls it a hang (tiny blocks take milliseconds)
+RING_HANG_S = 12.0
+
+
+def _peer(name, args, kwargs):
+    key = "dst" if name.endswith("send") else "src"
+    peer = args[0] if args else kwargs.get(key, kwargs.get(f"group_{key}"))
+    return None if peer is None else int(peer)
+
+
+def _ring_steps_rank(fn, q, k, v):
+    """One rank's part of the check: run the learner's function on this rank's block of q, k, v
+    (contiguous, rank r holds positions r·L/P …), recording every point-to-point send and receive."""
+    rank, P = dist.get_rank(), dist.get_world_size()
+    ops, originals = [], {name: getattr(dist, name) for name in _P2P}
+
+    def recorder(name):
+        original = originals[name]
+
+        def recorded(tensor, *args, **kwargs):
+            ops.append((name, _peer(name, args, kwargs)))
+            return original(tensor, *args, **kwargs)
+
+        return recorded
+
+    for name in _P2P:
+        setattr(dist, name, recorder(name))
+    try:
+        mine = [t.chunk(P, dim=2)[rank].clone() for t in (q, k, v)]
+        return "ok", fn(*mine), ops
+    except NotImplementedError:
+        return "todo", None, ops
+    except Exception as exc:  # noqa: BLE001 - reported by the check, never raised
+        return "raised", f"{type(exc).__name__}: {exc}".splitlines()[0][:200], ops
+    finally:
+        for name, original in originals.items():
+            setattr(dist, name, original)
+
+
+def _fold(q_r, blocks, order, *, merge="lse"):
+    """What a rank ends with when it folds ``blocks[i]`` for i in ``order`` (None: a block of zeros)."""
+    out = lse = None
+    for i in order:
+        kb, vb = (torch.zeros_like(blocks[0][0]), torch.zeros_like(blocks[0][1])) if i is None else blocks[i]
+        o, s = block_attention(q_r, kb, vb)
+        if out is None:
+            out, lse = o, s
+        elif merge == "average":
+            out, lse = (out + o) / 2, torch.logaddexp(lse, s)
+        else:
+            out, lse = _merge_reference(out, lse, o, s)
+    return out, lse
+
+
+def _ring_variants(q_r, blocks, r, P):
+    """name -> (out, lse) of rank r for each likely mistake, and "right" for the correct ring."""
+    arriving = [(r - s) % P for s in range(P)]  # the block a rank holds after s steps
+    return {
+        "right": _fold(q_r, blocks, arriving),
+        "sent block": _fold(q_r, blocks, [r] * P),
+        "sent block, then moved on": _fold(q_r, blocks, [r, *arriving[:-1]]),
+        "average": _fold(q_r, blocks, arriving, merge="average"),
+        "before wait": _fold(q_r, blocks, [r] + [None] * (P - 1)),
+        "one step too many": _fold(q_r, blocks, [*arriving, r]),
+        "one step too few": _fold(q_r, blocks, arriving[:-1]),
+    }
+
+
+_RING_WORDS = diagnoses("ring_steps")
+#: what :func:`ring_steps` can name (its diagnoses; the mistakes are recognised on the ranks' results)
+RING_STEPS_MISTAKES = [Mistake(name, None, words) for name, words in _RING_WORDS.items()]
+
+
+def _close_to(got, want, tol=1e-8):
+    return got.shape == want.shape and bool(torch.allclose(got, want, atol=tol, rtol=tol, equal_nan=False))
+
+
+def _ring_case(P):
+    g = torch.Generator().manual_seed(14 + P)
+    return [torch.randn(1, 2, 4 * P, 8, generator=g, dtype=torch.float64) * 1.5 for _ in range(3)]
+
+
+def _check_ring_on(fn, P, first):
+    name = "ring_steps"
+    q, k, v = _ring_case(P)
+    where = f"on {P} ranks, q, k, v (1, 2, {4 * P}, 8) float64, {4} positions per rank"
+    try:
+        with Ranks(P, timeout=60.0) as ranks:
+            ranks.timeout = RING_HANG_S  # the run itself: tiny blocks, a hang is a mistake
+            results = ranks.run(_ring_steps_rank, fn, q, k, v)
+    except TimeoutError:
+        return CheckResult(
+            False,
+            f"{name}: likely mistake — {_RING_WORDS['hang']} ({where})",
+            f"the ranks were stopped after {RING_HANG_S:g} s; a send to rank + 1 is only received if rank + 1 "
+            f"receives from rank",
+        )
+    except RuntimeError as exc:
+        return CheckResult(False, f"{name}: a rank failed {where}", str(exc).splitlines()[0][:300])
+    statuses = [status for status, _, _ in results]
+    if "todo" in statuses:
+        if first and set(statuses) == {"todo"}:
+            return CheckResult(False, f"{name}: {NOT_ATTEMPTED}", status="not attempted")
+        return CheckResult(False, f"{name}: your function raised NotImplementedError {where} — finish it")
+    for r, (status, payload, _) in enumerate(results):
+        if status == "raised":
+            return CheckResult(False, f"{name}: your function raised {payload} on rank {r} ({where})")
+    for r, (_, _, ops) in enumerate(results):
+        sent = [peer for op, peer in ops if op.endswith("send")]
+        received = [peer for op, peer in ops if op.endswith("recv")]
+        nxt, prv = (r + 1) % P, (r - 1) % P
+        wrong_to = sorted({p for p in sent if p != nxt})
+        wrong_from = sorted({p for p in received if p is not None and p != prv})
+        if wrong_to or wrong_from:
+            said = f"sent to rank {wrong_to[0]}" if wrong_to else f"received from rank {wrong_from[0]}"
+            return CheckResult(
+                False,
+                f"{name}: likely mistake — {_RING_WORDS['wrong neighbour']} (rank {r} {said}, {where})",
+            )
+    blocks = list(zip(k.chunk(P, dim=2), v.chunk(P, dim=2), strict=True))
+    for r, (_, got, _) in enumerate(results):
+        q_r = q.chunk(P, dim=2)[r]
+        variants = _ring_variants(q_r, blocks, r, P)
+        want_out, want_lse = variants.pop("right")
+        if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
+            return CheckResult(False, f"{name}: expected a tuple (out, lse) of two tensors, got {type_name(got)}")
+        out, lse = (t.to(torch.float64) for t in got)
+        if out.shape != want_out.shape or lse.shape != want_lse.shape:
+            return CheckResult(
+                False,
+                f"{name}: on rank {r}, out {tuple(out.shape)} and lse {tuple(lse.shape)}; expected out "
+                f"{tuple(want_out.shape)} and lse {tuple(want_lse.shape)} ({where})",
+            )
+        if _close_to(out, want_out) and _close_to(lse, want_lse):
+            continue
+        # out and lse first: folding a block twice leaves out as it was and only moves lse
+        matches = [m for m, (v_out, v_lse) in variants.items() if _close_to(out, v_out) and _close_to(lse, v_lse)]
+        matches += [m for m, (v_out, _) in variants.items() if _close_to(out, v_out)]
+        if matches:
+            return CheckResult(False, f"{name}: likely mistake — {_RING_WORDS[matches[0]]}", f"rank {r}, {where}")
+        if _close_to(out, want_out):
+            return CheckResult(
+                False,
+                f"{name}: out is right but lse is not on rank {r} ({where}): keep the merged log-sum-exp "
+                f"that merge_partials returns as the running lse",
+            )
+        error = float((out - want_out).abs().max())
+        words = (
+            "the right blocks travelled, but the fold is wrong — fold the arriving block only after wait() "
+            "returns, with merge_partials"
+            if ops
+            else "out differs from attention over all keys"
+        )
+        return CheckResult(False, f"{name}: {words} (rank {r}, {where}; max abs error {error:.2g})")
+    return None
+
+
+def ring_steps(fn) -> CheckResult:
+    """Check ``fn(q, k, v) -> (out, lse)`` on 2 and then 3 real gloo ranks: each rank passes its
+    q, k, v (B, h, L/P, d_head), this rank's positions; in P − 1 steps it sends the K/V block it holds
+    to rank (r + 1) % P, receives the next from (r − 1) % P, waits, and folds the arriving block into
+    its running (out, lse) — attention of its queries over every key, and the log-sum-exp of the
+    scores. ``fn`` may be a function of a notebook cell (it travels to the ranks by its source) or
+    ``"module:function"``."""
+    name = "ring_steps"
+    if not callable(fn) and not isinstance(fn, str):
+        return CheckResult(False, f"{name}: expected your function, got {type_name(fn)} — pass the function itself")
+    try:
+        fn = shippable(fn)
+    except (TypeError, ValueError, OSError, AttributeError, ImportError) as exc:
+        return CheckResult(False, f"{name}: your function cannot run on the ranks — {exc}")
+    for i, P in enumerate((2, 3)):
+        result = _check_ring_on(fn, P, first=i == 0)
+        if result is not None:
+            return result
+    return CheckResult(
+        True,
+        f"{name}: correct on 2 and 3 ranks (every rank's out and lse equal attention over all keys; "
+        f"each rank sent to rank + 1 and received from rank − 1)",
     )

@@ -74,9 +74,9 @@ from .collectives import (
     sum_over_ranks,
 )
 from .costs import communication_bytes, norm_activation_elements, sequence_parallel_bytes
-from .launcher import MAX_WORLD_SIZE, Ranks, launch
+from .launcher import MAX_WORLD_SIZE, Ranks, launch, shippable
 from .layouts import sequence_positions, shard_sequence, unshard_sequence
-from .ring import ring_attention, ring_rank
+from .ring import block_attention, ring_attention, ring_rank
 from .ring_backward import RingAttentionFunction, ring_attention_autograd, ring_backward_rank
 from .tensor_parallel import TensorParallelAttention, dtensor_rank, heads_of_rank, tensor_parallel_rank
 from .traffic import Traffic, ring_all_reduce, ring_all_reduce_rank
@@ -98,6 +98,8 @@ __all__ = [
     "sequence_positions",
     "ring_attention",
     "ring_rank",
+    "block_attention",
+    "shippable",
     "ulysses_attention",
     "ulysses_rank",
     "allgather_attention",

@@ -5,13 +5,21 @@ current process on its own rank."""
 from __future__ import annotations
 
 import atexit
+import builtins
 import datetime
+import importlib
+import importlib.util
+import inspect
+import linecache
 import multiprocessing
 import os
 import pickle
 import queue
+import sys
+import textwrap
 import time
 import traceback
+import types
 
 import torch
 import torch.distributed as dist
@@ -56,6 +64,144 @@ def _loopback_interface() -> str | None:
     return next((n for n in names if n in ("lo", "lo0")), next((n for n in names if n.startswith("lo")), None))
 
 
+class _ByValue:
+    """A function shipped to the ranks by its source, not by its name: a function defined in a
+    notebook (module ``__main__``), in a file the ranks may not import (``%%writefile ring.py``), or
+    in a test. Its source and the globals it names travel; each rank runs the source in a fresh
+    namespace. Modules it names are imported on the rank by name; functions it calls from the same
+    place travel by source too; any other global travels by pickling."""
+
+    def __init__(self, fn):
+        self.name = fn.__name__
+        self.source, self.globals = _source_and_globals(fn)
+
+    def __reduce__(self):
+        return (_rebuild, (self.name, self.source, self.globals))
+
+    def __call__(self, *args, **kwargs):  # in this process: the rebuilt function
+        return _rebuild(self.name, self.source, self.globals)(*args, **kwargs)
+
+
+def _names(code) -> set[str]:
+    """Global names a code object and the code nested in it refer to."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names(const)
+    return names
+
+
+def _by_name(fn) -> bool:
+    """Whether a started rank can import ``fn`` by name: a top-level function of an installed
+    module (the course package, torch, the standard library)."""
+    if "<" in getattr(fn, "__qualname__", "<") or "." in fn.__qualname__:
+        return False
+    return _installed(sys.modules.get(getattr(fn, "__module__", None) or "__main__"))
+
+
+def _installed(module) -> bool:
+    """Whether every rank imports ``module`` by name as this process did (not ``__main__``, not a
+    file next to the notebook)."""
+    if module is None or module.__name__ == "__main__":
+        return False
+    if module.__name__.split(".")[0] == "mha_course":
+        return True
+    origin = getattr(getattr(module, "__spec__", None), "origin", None) or ""
+    prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix}
+    return (
+        origin in ("built-in", "frozen")
+        or "site-packages" in origin
+        or any(origin.startswith(os.path.join(p, "lib")) for p in prefixes)
+    )
+
+
+def _source_and_globals(fn, seen=None):
+    seen = set() if seen is None else seen
+    what = getattr(fn, "__qualname__", repr(fn))
+    if not isinstance(fn, types.FunctionType) or "<" in fn.__qualname__ or "." in fn.__qualname__:
+        raise TypeError(
+            f"fn={what!r} is not importable by name and cannot be shipped to the ranks by its source: "
+            f"only a function defined at the top level (of a "
+            f"notebook cell or a module) travels, not a lambda, a nested function or a method; define it "
+            f"with def at the top level, or write it to a file with %%writefile and pass 'module:function'"
+        )
+    if fn.__closure__:
+        raise TypeError(
+            f"fn={what!r} uses variables of an enclosing function, which cannot travel: define it at the top level"
+        )
+    try:
+        linecache.checkcache(fn.__code__.co_filename)  # a file rewritten since (%%writefile) is read again
+        source = textwrap.dedent(inspect.getsource(fn))
+    except (OSError, TypeError) as exc:
+        raise TypeError(
+            f"fn={what!r} cannot be shipped to the ranks: its source is not available ({exc}); define it "
+            f"in a notebook cell or a .py file (e.g. %%writefile my_rank.py, then pass 'my_rank:{fn.__name__}')"
+        ) from None
+    if source.lstrip().startswith("@"):
+        raise TypeError(f"fn={what!r} is decorated; a decorated function cannot be shipped by its source")
+    seen.add(fn.__name__)
+    shipped = {}
+    for name in sorted(_names(fn.__code__)):
+        if name not in fn.__globals__ or name in seen:
+            continue
+        value = fn.__globals__[name]
+        if isinstance(value, types.ModuleType):
+            shipped[name] = ("module", value.__name__)
+        elif isinstance(value, types.FunctionType) and not _by_name(value):
+            src, glob = _source_and_globals(value, seen)
+            shipped[name] = ("source", (value.__name__, src, glob))
+        else:
+            try:
+                shipped[name] = ("value", pickle.dumps(value))
+            except Exception as exc:  # noqa: BLE001 - named in the message
+                raise TypeError(
+                    f"fn={what!r} uses the global {name!r} ({type(value).__name__}), which cannot be pickled "
+                    f"to the ranks ({type(exc).__name__}); pass it as an argument or import it inside the function"
+                ) from None
+    return source, shipped
+
+
+def _rebuild(name, source, shipped):
+    """On a rank: run a shipped function's source in a fresh namespace with its globals."""
+    namespace = {"__name__": "__rank__", "__builtins__": builtins}
+    for key, (kind, payload) in shipped.items():
+        if kind == "module":
+            namespace[key] = importlib.import_module(payload)
+        elif kind == "source":
+            namespace[key] = _rebuild(*payload)
+        else:
+            namespace[key] = pickle.loads(payload)
+    exec(compile(source, f"<{name} shipped to the ranks>", "exec"), namespace)  # noqa: S102
+    return namespace[name]
+
+
+def shippable(fn):
+    """``fn`` in a form a started rank can run: itself when the rank imports it by name (a function
+    of the course package or an installed module), else a copy that travels by its source
+    (:class:`_ByValue`). ``fn`` may also be ``"module:function"``, or ``"path/to/file.py:function"``
+    for a file written from a notebook (``%%writefile ring_rank.py``): read afresh at every call."""
+    if isinstance(fn, str):
+        where, sep, name = fn.rpartition(":")
+        if not sep or not where or not name.isidentifier():
+            raise ValueError(f"fn={fn!r}: expected 'module:function' or 'path/to/file.py:function'")
+        if where.endswith(".py"):
+            if not os.path.isfile(where):
+                raise FileNotFoundError(f"fn={fn!r}: no file {where!r} (from {os.getcwd()!r})")
+            spec = importlib.util.spec_from_file_location(f"_rank_file_{abs(hash(where))}", where)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+            if not _installed(module):
+                module = importlib.reload(module)  # a file rewritten since its first import
+        if not callable(getattr(module, name, None)):
+            raise AttributeError(f"fn={fn!r}: {where!r} has no function {name!r}")
+        fn = getattr(module, name)
+    if not callable(fn):
+        raise TypeError(f"fn must be a function or 'module:function', got {type(fn).__name__}")
+    return fn if _by_name(fn) else _ByValue(fn)
+
+
 def _worker(rank, world_size, port, timeout_s, inbox, outbox):
     """One rank: join the process group through the parent's store, then run jobs until told to stop."""
     try:
@@ -89,8 +235,8 @@ class Ranks:
     ``with Ranks(4) as ranks: results = ranks.run(fn, *args)`` runs ``fn(*args)`` on every rank
     and returns ``[result of rank 0, result of rank 1, ...]``; the processes and their group stay up
     for the next ``run``, so the start-up cost (a Python process importing torch per rank) is paid
-    once. ``fn`` and its arguments travel by pickling: ``fn`` must be importable by name (defined in
-    a module, not in a notebook cell).
+    once. ``fn`` and its arguments travel by pickling; a function defined in a notebook cell travels
+    by its source (:func:`shippable`), so ``ranks.run(my_function, x)`` works from a notebook too.
 
     Args:
         world_size: number of ranks, 1 to :data:`MAX_WORLD_SIZE`.
@@ -187,27 +333,32 @@ class Ranks:
         return [results[r] for r in range(self.world_size)]
 
     def run(self, fn, *args, **kwargs) -> list:
-        """Run ``fn(*args, **kwargs)`` on every rank; return the results in rank order."""
-        if not callable(fn):
-            raise TypeError(f"fn must be a function, got {type(fn).__name__}")
+        """Run ``fn(*args, **kwargs)`` on every rank; return the results in rank order.
+
+        ``fn``: a function of the course or of an installed module (it travels by name), a function
+        defined in a notebook cell or another file (it travels by its source: :func:`shippable`),
+        or the string ``"module:function"`` / ``"file.py:function"``. A function cannot travel when
+        it is a lambda, nested, a method, decorated, or uses a global that cannot be pickled: the
+        error says which and what to do."""
         if self.torchrun:
+            if isinstance(fn, str):
+                fn = shippable(fn)
+            if not callable(fn):
+                raise TypeError(f"fn must be a function or 'module:function', got {type(fn).__name__}")
             result = fn(*args, **kwargs)
             gathered = [None] * self.world_size
             dist.all_gather_object(gathered, result)
             return gathered
         if not self._procs:
             raise RuntimeError("these ranks were stopped (closed, or a rank failed): start new Ranks")
-        if "<" in getattr(fn, "__qualname__", "<") or getattr(fn, "__module__", "__main__") == "__main__":
-            raise TypeError(
-                f"fn={getattr(fn, '__qualname__', fn)!r} is not importable by name, so a started process "
-                f"cannot find it: define it in a module (e.g. mha_course.distributed.ring_rank)"
-            )
+        fn = shippable(fn)
         # plain pickle (bytes), not torch's shared-memory tensors: each rank gets its own copy, as a
         # device would, and no rank can write into another's inputs
         job = pickle.dumps((fn, args, kwargs))
         for inbox in self._inboxes:
             inbox.put(job)
-        return [pickle.loads(r) for r in self._collect("ok", f"{getattr(fn, '__name__', 'fn')}")]
+        name = getattr(fn, "name", None) or getattr(fn, "__name__", "fn")
+        return [pickle.loads(r) for r in self._collect("ok", name)]
 
     def close(self, *, wait: bool = True) -> None:
         """Stop the ranks: ask them to leave (and wait up to 5 s) if ``wait``, then by force."""

@@ -78,3 +78,20 @@ def ring_rank(q, k, v, causal: bool = False, layout: str = "contiguous"):
     shards = (shard_sequence(t, rank, P, layout) for t in (q, k, v))
     out, work = ring_attention(*shards, causal=causal, layout=layout, traffic=traffic)
     return out, work, dict(traffic.sent)
+
+
+def block_attention(q, k, v):
+    """Attention of this rank's queries over one K/V block, as a fused kernel returns it.
+
+    q (B, h, Lq, d_head), k and v (B, h, Lk, d_head) → ``(out, lse)``: out (B, h, Lq, d_head) =
+    softmax(q kᵀ / √d_head) v over this block's keys, lse (B, h, Lq) = the log-sum-exp of those
+    scores. Two such results for disjoint blocks merge with :func:`mha_course.merge_partials`."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        validation.tensor(name, t, dims=4, floating=True)
+    if k.shape != v.shape or k.shape[:2] != q.shape[:2] or k.shape[-1] != q.shape[-1]:
+        raise ValueError(
+            f"block_attention expects q (B, h, Lq, d) and k, v (B, h, Lk, d) with the same B, h and d, "
+            f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, h, Lq, Lk)
+    return torch.softmax(scores, dim=-1) @ v, torch.logsumexp(scores, dim=-1)

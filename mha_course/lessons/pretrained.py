@@ -514,3 +514,12 @@ def key_removal_effect(encoder: Encoder, batch, positions) -> dict[str, float]:
     rel = ((changed - base).norm(dim=-1) / base.norm(dim=-1))[others.bool()]
     cos = (Encoder.sentence_embedding(changed, others) * Encoder.sentence_embedding(base, others)).sum(dim=-1)
     return {"mean": rel.mean().item(), "max": rel.max().item(), "min_cos": cos.min().item()}
+
+
+def attention_block(layer, x, mask, num_heads):
+    """Exercise 8.1's block written out — BertSelfAttention then BertSelfOutput of one encoder
+    ``layer`` on x (B, L, d_model) with ``mask`` (B, L), True = a real token: returns (out, weights),
+    the checker's reference (tested against transformers' BertAttention)."""
+    from ..check.bert_layer import reference
+
+    return reference(layer, x, mask, num_heads)

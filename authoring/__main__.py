@@ -12,6 +12,7 @@ COMMANDS = {
     "execute": ("notebooks", "[NOTEBOOK ...]", "re-execute notebooks in place, as the tests run them"),
     "student-edition": ("student_edition", "OUT_DIR [--check]", "build (or check) the student edition"),
     "emulate": ("emulate", "[SETTING ...]", "strict nbval as on other CPUs (see authoring/emulate.py)"),
+    "translate": ("translate", "--check|--update|--build|--lint|--stats", "the Chinese edition: catalogues, notebooks"),
     "suite-times": ("suite_times", "[PYTEST ARGS]", "run tests, then print the 20 slowest"),
     "nbgrader": ("grading", "COURSE_DIR [NOTEBOOK ...]", "an nbgrader course and its releases (class)"),
     "autograde": ("grading", "COURSE_DIR ASSIGNMENT", "nbgrader autograde, then each learner's score (class)"),

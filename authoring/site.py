@@ -292,7 +292,9 @@ def staged_cjk_characters() -> set[str]:
         return set().union(*(cjk_characters(p.read_text(encoding="utf-8")) for p in Path(tmp).rglob("*.*")))
 
 
-def make_cjk_font(source: Path, out: Path = CJK_FONT) -> tuple[set[str], int]:
+def make_cjk_font(
+    source: Path, out: Path = CJK_FONT, *, characters: set[str] | None = None, flavor: str | None = "woff"
+) -> tuple[set[str], int]:
     """Subset the CJK font ``source`` (e.g. Debian's fonts-noto-cjk NotoSansCJK-Regular.ttc; in a
     collection, its Simplified Chinese member) to the characters of :func:`staged_cjk_characters`,
     as WOFF, into ``out``; its copyright and licence names stay in the font. Returns (the
@@ -306,12 +308,12 @@ def make_cjk_font(source: Path, out: Path = CJK_FONT) -> tuple[set[str], int]:
         names = [f["name"].getDebugName(1) or "" for f in TTCollection(source).fonts]
         number = next((i for i, n in enumerate(names) if n.endswith(" SC") and "Mono" not in n), 0)
     font = TTFont(source, fontNumber=number)
-    characters = staged_cjk_characters()
+    characters = staged_cjk_characters() if characters is None else characters
     missing = sorted(ch for ch in characters if ord(ch) not in font.getBestCmap())
     if missing:
         raise SystemExit(f"{source} lacks {''.join(missing)}: choose a font that covers them")
     options = subset.Options()
-    options.flavor = "woff"  # zlib: fontTools needs no brotli for it, and every browser reads it
+    options.flavor = flavor  # woff: zlib, fontTools needs no brotli for it, and every browser reads it
     options.layout_features = []  # isolated glossary terms: no ligatures or vertical forms needed
     options.hinting = False
     options.name_IDs = [0, 1, 2, 3, 4, 5, 6, 13, 14]  # copyright, names, licence and its URL
@@ -320,7 +322,7 @@ def make_cjk_font(source: Path, out: Path = CJK_FONT) -> tuple[set[str], int]:
     subsetter.populate(unicodes=sorted(ord(ch) for ch in characters))
     subsetter.subset(font)
     out.parent.mkdir(parents=True, exist_ok=True)
-    font.flavor = "woff"
+    font.flavor = flavor
     font.save(out)
     return characters, out.stat().st_size
 

@@ -66,6 +66,7 @@ from .gqa import GroupedQueryAttention, repeat_kv
 from .heads import merge_heads, split_heads
 from .hf_interop import attention_from_hf
 from .hybrid import HYBRID_MODEL_CONFIGS, HybridModelConfig
+from .i18n import language, set_language
 from .kit.hint_ladder import hint
 from .kit.predict import predict
 from .kit.setup import device, environment_report, setup
@@ -147,6 +148,8 @@ __all__ = [
     "MODEL_CONFIGS",
     "ModelConfig",
     "setup",
+    "set_language",
+    "language",
     "environment_report",
     "hint",
     "predict",

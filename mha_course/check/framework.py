@@ -75,8 +75,24 @@ __all__ = ["CheckResult", "Case", "Mistake", "mistakes", "diagnoses", "run_check
 
 SEED = 1234
 _STATUSES = ("passed", "failed", "not attempted")
+#: the status words, as shown beside their glyph (translated at display: mha_course.i18n)
+STATUSES = _STATUSES
 _ICONS = {"passed": "✅", "failed": "❌", "not attempted": "⏳"}
 NOT_ATTEMPTED = "replace the raise NotImplementedError with your code"
+#: the shapes of the verdict lines every checker writes, translated whole at display: each {field}
+#: is filled from the English line (a diagnosis, a case's place are translated in turn)
+VERDICTS = (
+    "{name}: correct on {n} cases ({cases})",
+    "{name}: correct on {n} cases",
+    "{name}: likely mistake — {diagnosis}",
+    "{name}: " + NOT_ATTEMPTED,
+    "{name}: your function raised {error} — finish the part this case needs ({where})",
+    "{name}: your function raised {error} ({where})",
+    "{name}: expected your function, got {what} — pass the function itself",
+    "{name}: {problem} ({where})",
+    "case {i} of {n}: {description}",
+    "case {i} of {n}",
+)
 
 
 @dataclass(frozen=True)
@@ -108,9 +124,12 @@ class CheckResult:
         return self.passed
 
     def _lines(self) -> list[str]:
-        lines = [f"{_ICONS[self.status]} {self.status} · {self.message}"]
+        from ..i18n import translate, verdict
+
+        status = translate(self.status, "status")
+        lines = [f"{_ICONS[self.status]} {status} · {verdict(self.message, VERDICTS)}"]
         if self.status == "failed" and self.details:
-            lines += ["   " + line for line in self.details.splitlines()]
+            lines += ["   " + verdict(line, VERDICTS[-2:]) for line in self.details.splitlines()]
         return lines
 
     def __repr__(self) -> str:

@@ -1,5 +1,5 @@
 """The course's data files (quizzes, hint ladders, predictions): one JSON file per notebook in a
-folder of ``mha_course/kit``, read and validated the same way."""
+folder of ``mha_course/kit``, read and validated the same way, and shown in the course's language (mha_course.i18n)."""
 
 from __future__ import annotations
 
@@ -25,4 +25,6 @@ def read(folder: str, notebook: str, validate: Callable[[dict], list[str]], *, m
     problems = validate(data)
     if problems:
         raise ValueError(f"{path} is invalid: " + "; ".join(problems))
-    return data
+    from .. import i18n
+
+    return i18n.translate_data(folder, key, data)  # in the course's language (English: as read)

@@ -12,6 +12,7 @@ points at the checker, whose message names the likely mistake once there is code
 
 from __future__ import annotations
 
+from ..i18n import tr
 from . import course_data
 
 RUNG_NAMES = ("the idea", "the approach", "nearly code")
@@ -60,13 +61,25 @@ def next_hint(exercise) -> str:
     _, number = _key(exercise)
     step = _shown.get(number, 0)
     if step >= len(rungs):
-        return (
-            f"Exercise {number}: that was the last hint ({len(rungs)} of {len(rungs)}). Run the checker under "
-            "your function: when something is off, it names the likely mistake."
+        return tr(
+            "Exercise {number}: that was the last hint ({n} of {n}). Run the checker under "
+            "your function: when something is off, it names the likely mistake.",
+            "hint",
+            number=number,
+            n=len(rungs),
         )
     _shown[number] = step + 1
     name = RUNG_NAMES[step] if step < len(RUNG_NAMES) else "one more step"
-    return f"Exercise {number}, hint {step + 1} of {len(rungs)} ({name}): {rungs[step]}"
+    name = tr(name, "hint rung name")
+    return tr(
+        "Exercise {number}, hint {k} of {n} ({name}): {rung}",
+        "hint",
+        number=number,
+        k=step + 1,
+        n=len(rungs),
+        name=name,
+        rung=rungs[step],
+    )
 
 
 def hint(exercise) -> None:

@@ -5,6 +5,43 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import torch
 
+#: the Chinese of the figures: a subset of Noto Sans CJK SC (SIL Open Font License 1.1, see
+#: fonts/LICENSE.txt) to exactly the characters the figures use, made by
+#: ``python -m authoring translate --font PATH``
+CJK_FONT = "fonts/cjk-subset.otf"
+
+
+def use_cjk_font() -> str | None:
+    """Draw figures in the course's language: register the shipped CJK font as the fallback after
+    DejaVu Sans (so Chinese shows on a machine without a CJK font) and translate each title, axis
+    label, legend entry and annotation as it is set (mha_course.i18n.figure_text). Returns the
+    font's family name (None when the font is not there)."""
+    from importlib import resources
+
+    import matplotlib
+    from matplotlib import font_manager
+    from matplotlib.text import Text
+
+    from .. import i18n
+
+    name = None
+    path = resources.files("mha_course.kit").joinpath(CJK_FONT)
+    if path.is_file():
+        font_manager.fontManager.addfont(str(path))
+        name = font_manager.FontProperties(fname=str(path)).get_name()
+        matplotlib.rcParams["font.family"] = ["DejaVu Sans", name]
+    if not getattr(Text.set_text, "_mha_course", False):
+        original = Text.set_text
+
+        def set_text(self, s):
+            if isinstance(s, str):
+                s = i18n.figure_text(s)
+            return original(self, s)
+
+        set_text._mha_course = True
+        Text.set_text = set_text
+    return name
+
 
 def heatmap(
     matrix,

@@ -22,6 +22,7 @@ answer: the next cell's output does, and a learner compares it with what they re
 
 from __future__ import annotations
 
+from ..i18n import tr
 from . import course_data
 
 _recorded: dict[tuple[str, str], object] = {}
@@ -71,19 +72,21 @@ def _answer_problems(key: str, q: dict) -> list[str]:
 
 def static_markdown(question: dict) -> str:
     """The question as Markdown, with its options (or the unit of the number to predict)."""
-    lines = [f"**Predict, then run.** {question['question']}", ""]
+    lines = [tr("**Predict, then run.** {question}", "prediction", question=question["question"]), ""]
     if question.get("options"):
         lines += [f"- **{chr(97 + j)})** {o}" for j, o in enumerate(question["options"])]
     else:
-        lines += [f"Write down a number (in {question['unit']}) before you run the next cell."]
-    lines += ["", "*Decide first; the next cell's output settles it.*"]
+        lines += [
+            tr("Write down a number (in {unit}) before you run the next cell.", "prediction", unit=question["unit"])
+        ]
+    lines += ["", tr("*Decide first; the next cell's output settles it.*", "prediction")]
     return "\n".join(lines)
 
 
 def record(notebook: str, key: str, value) -> str:
     """Remember a prediction and return the line the widget shows."""
     _recorded[(notebook, key)] = value
-    return f"Recorded: {value}. Now run the next cell and compare."
+    return tr("Recorded: {value}. Now run the next cell and compare.", "prediction", value=value)
 
 
 def recorded() -> dict[tuple[str, str], object]:
@@ -104,13 +107,13 @@ def widget(notebook: str, key: str, question: dict):
     else:
         choice = W.FloatText(value=0.0, description=question["unit"], layout=W.Layout(width="auto"))
     note = W.HTML("")
-    button = W.Button(description="Record my prediction", layout=W.Layout(width="auto"))
+    button = W.Button(description=tr("Record my prediction", "prediction"), layout=W.Layout(width="auto"))
 
     def on_click(_):
         value = choice.value
         if question.get("options"):
             if value is None:
-                note.value = "Pick an option first."
+                note.value = tr("Pick an option first.", "prediction")
                 return
             value = f"{chr(97 + value)}) {question['options'][value]}"
         else:

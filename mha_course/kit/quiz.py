@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import html
 
+from ..i18n import tr
 from . import course_data
 
 
@@ -52,17 +53,19 @@ def letter(index: int) -> str:
 
 def static_markdown(quiz: dict) -> str:
     """The quiz as Markdown: each question, its options, and a collapsible answer."""
-    lines = ["**Self-check quiz** (the interactive version is below when a kernel runs)", ""]
+    lines = [tr("**Self-check quiz** (the interactive version is below when a kernel runs)", "quiz"), ""]
     for i, q in enumerate(quiz["questions"], 1):
         lines += [f"**Q{i}.** {q['question']}", ""]
         lines += [f"- **{letter(j)})** {o['text']}" for j, o in enumerate(q["options"])]
         answer = next(j for j, o in enumerate(q["options"]) if o["correct"])
-        lines += ["", "<details><summary>Answer</summary>", ""]
+        lines += ["", f"<details><summary>{tr('Answer', 'quiz')}</summary>", ""]
+        right, wrong = tr("✅ right", "quiz"), tr("❌ wrong", "quiz")
         lines += [
-            f"- **{letter(j)})** {'✅ right' if o['correct'] else '❌ wrong'} — {o['explanation']}"
+            f"- **{letter(j)})** {right if o['correct'] else wrong} — {o['explanation']}"
             for j, o in enumerate(q["options"])
         ]
-        lines += ["", f"Correct: **{letter(answer)})** — see *{q['section']}*.", "", "</details>", ""]
+        correct = tr("Correct: **{letter})** — see *{section}*.", "quiz", letter=letter(answer), section=q["section"])
+        lines += ["", correct, "", "</details>", ""]
     return "\n".join(lines)
 
 
@@ -71,7 +74,7 @@ def feedback(question: dict, choice: int | None) -> str:
     if choice is None:
         return ""
     o = question["options"][choice]
-    mark, colour = ("✅ Correct.", "green") if o["correct"] else ("❌ Not quite.", "firebrick")
+    mark, colour = (tr("✅ Correct.", "quiz"), "green") if o["correct"] else (tr("❌ Not quite.", "quiz"), "firebrick")
     return f'<span style="color:{colour}"><b>{mark}</b></span> {html.escape(o["explanation"])}'
 
 

@@ -10,9 +10,15 @@ import sys
 import torch
 
 
-def setup(seed: int = 0, *, precision: int = 4) -> None:
+def setup(seed: int = 0, *, precision: int = 4, language: str | None = None) -> None:
     """Make a notebook deterministic and readable: seed Python, NumPy and torch, set torch's
-    print precision, and matplotlib defaults (PNG figures of modest size, no date metadata)."""
+    print precision, and matplotlib defaults (PNG figures of modest size, no date metadata).
+    ``language="zh"`` (the Chinese notebooks' setup) makes the course speak Chinese
+    (:func:`mha_course.set_language`) and its figures draw Chinese with the font the course ships."""
+    from .. import i18n
+
+    if language is not None:
+        i18n.set_language(language)
     random.seed(seed)
     torch.manual_seed(seed)
     try:
@@ -28,6 +34,10 @@ def setup(seed: int = 0, *, precision: int = 4) -> None:
     matplotlib.rcParams.update(
         {"figure.dpi": 80, "savefig.dpi": 80, "figure.figsize": (6.4, 4.0), "axes.titlesize": "medium"}
     )
+    if i18n.language() == "zh":
+        from . import plotting
+
+        plotting.use_cjk_font()
     try:  # inline backend: PNG only (nbval does not compare PNG bytes)
         from matplotlib_inline.backend_inline import set_matplotlib_formats
 

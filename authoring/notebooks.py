@@ -50,7 +50,14 @@ def badge_for(rel: str) -> str:
     return f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab_url_for(rel)})"
 
 
-def setup_source() -> str:
+def language_of(path: Path) -> str | None:
+    """The language of the notebook at ``path``: "zh" under notebooks/zh/ (and the student
+    edition's notebooks/student/zh/), else None (English, the source)."""
+    return "zh" if Path(path).resolve().parent.name == "zh" else None
+
+
+def setup_source(language: str | None = None) -> str:
+    """The setup cell; ``language="zh"``: the Chinese notebooks' (the course speaking Chinese)."""
     owner, repo = repository()
     return (
         "# Setup: on Colab, install the course package (torch and ipywidgets are already there);\n"
@@ -64,8 +71,7 @@ def setup_source() -> str:
         "    )\n"
         "\n"
         "import mha_course as mc\n"
-        "\n"
-        "mc.setup()"
+        "\n" + (f'mc.setup(language="{language}")' if language else "mc.setup()")
     )
 
 
@@ -93,8 +99,8 @@ def sync(path: Path) -> bool:
         setup = nbformat.v4.new_code_cell(setup_source(), metadata={"tags": [SETUP_TAG]})
         nb.cells.insert(nb.cells.index(first_md) + 1, setup)
         changed = True
-    elif _source(setup) != setup_source():
-        setup.source, changed = setup_source(), True
+    elif _source(setup) != setup_source(language_of(path)):
+        setup.source, changed = setup_source(language_of(path)), True
     if changed:
         nbformat.write(nb, path)
     return changed

@@ -131,9 +131,11 @@ def message_sources() -> list[Source]:
 
     for name in (*hint_ladder.RUNG_NAMES, "one more step"):
         out.append(Source("hint rung name", name, "mha_course/kit/hint_ladder.py"))
+    for label in ("output", "your result", "mask"):
+        out.append(Source("label", label, "mha_course/check/framework.py", "what a checker compares"))
     for status in framework.STATUSES:
         out.append(Source("status", status, "mha_course/check/framework.py", "a checker's status word"))
-    for template in framework.VERDICTS:
+    for template in dict.fromkeys(framework.VERDICTS + framework.DETAILS):
         out.append(
             Source(
                 "verdict",
@@ -367,6 +369,8 @@ _INLINE_MATH = re.compile(r"(?<![\\$])\$(?!\$)[^$\n]+?(?<!\\)\$")
 _CODE = re.compile(r"(`+)(?!`).+?(?<!`)\1(?!`)", re.S)
 _LINK_TARGET = re.compile(r"\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 _HTML = re.compile(r"<[a-zA-Z/][^>]*>")
+_FIELD = re.compile(r"\{\w+\}")  # a message's replacement field
+_INDENTED = re.compile(r"(?:^|\n\n)((?: {4}.*(?:\n|$))+)")  # an indented code block
 _NUMBER = re.compile(r"(?<![\w.])[-−]?\d+(?:[.,]\d+)*(?:e[-−+]?\d+)?")
 _HEADING = re.compile(r"^(#{1,6})\s+(\S*)", re.M)
 
@@ -392,10 +396,40 @@ def protected(text: str) -> dict[str, list[str]]:
     return {k: sorted(v) for k, v in out.items()}
 
 
+def rendered(text: str) -> list[str] | None:
+    """What CommonMark (markdown-it, as Jupyter renders) makes of ``text``: the counts of headings by
+    level, list items, table rows, blockquotes, code blocks, links, bold and italic spans — or None
+    without markdown-it. A ``**`` closed right after full-width punctuation and before a Chinese
+    character is not bold in CommonMark: its count shows it."""
+    try:
+        from markdown_it import MarkdownIt
+    except ImportError:  # pragma: no cover - markdown-it-py is in requirements.txt
+        return None
+    import collections
+
+    counts: collections.Counter = collections.Counter()
+    text = re.sub(r"<!--.*?-->", "", text, flags=re.S)  # an authors' comment opens an HTML block
+    for token in MarkdownIt("commonmark").enable("table").parse(text):
+        if token.type in ("heading_open",):
+            counts[f"heading {token.tag}"] += 1
+        elif token.type in ("list_item_open", "tr_open", "blockquote_open", "code_block", "fence"):
+            counts[token.type.replace("_open", "")] += 1
+        for child in token.children or ():
+            if child.type in ("strong_open", "em_open", "link_open", "code_inline", "image"):
+                counts[child.type.replace("_open", "")] += 1
+    return [f"{v} {k}" for k, v in sorted(counts.items())]
+
+
 def structure(text: str) -> list[str]:
-    """A Markdown text's skeleton: heading levels with their numbers ("## 3."), table rows, list items
-    and blockquote lines, counted (code blocks left out)."""
+    """A Markdown text's skeleton: heading levels with their numbers ("## 3."), and what CommonMark
+    renders (:func:`rendered`; without markdown-it: table rows, list items, quoted lines)."""
     body = _FENCE.sub("", text)
+    numbers = []
+    for m in _HEADING.finditer(body):
+        numbers.append(f"{m.group(1)} {m.group(2)}".strip() if re.match(r"^[\d.]+$", m.group(2)) else m.group(1))
+    shape = rendered(text)
+    if shape is not None:
+        return numbers + shape
     lines = body.splitlines()
     heads = []
     for m in _HEADING.finditer(body):
@@ -414,6 +448,8 @@ def _diff_lists(a: list[str], b: list[str]) -> tuple[list[str], list[str]]:
     return sorted((ca - cb).elements()), sorted((cb - ca).elements())
 
 
+#: glossary words with a second meaning the glossary's Chinese does not fit ("rank" of a matrix, to rank)
+AMBIGUOUS = {"rank"}
 #: glossary terms whose English may stay in the Chinese (names and symbols used as they are)
 KEEP_ENGLISH = {
     "softmax",
@@ -468,16 +504,21 @@ def glossary_terms() -> list[tuple[re.Pattern, str, tuple[str, ...]]]:
 
 def _prose(text: str) -> str:
     """``text`` without its code, formulas and link targets."""
-    for pattern in (_FENCE, _DISPLAY, _INLINE_MATH, _CODE, _LINK_TARGET):
+    for pattern in (_FENCE, _DISPLAY, _INLINE_MATH, _CODE, _LINK_TARGET, _FIELD, _INDENTED):
         text = pattern.sub(" ", text)
     return text
 
 
-def missing_terms(english: str, chinese: str) -> list[str]:
-    """Glossary terms of ``english``'s prose (code and formulas left out) whose Chinese is not in ``chinese``."""
+def missing_terms(english: str, chinese: str, ignore: Iterable[str] = ()) -> list[str]:
+    """Glossary terms of ``english``'s prose (code and formulas left out) whose Chinese is not in
+    ``chinese``; ``ignore``: terms a translator marked as used in another sense (a paper's title)."""
+    ignore = set(ignore)
     prose = _prose(english)
     out = []
     for pattern, base, forms in glossary_terms():
+        if base in AMBIGUOUS or base in ignore:
+            prose = pattern.sub(" ", prose)
+            continue
         if pattern.search(prose):
             prose = pattern.sub(" ", prose)
             if not any(f in chinese for f in forms):
@@ -494,7 +535,7 @@ def typography(chinese: str) -> list[str]:
     return [f"line {r.line}: {r.old.strip()!r} → {r.new.strip()!r}" for r in result.lines]
 
 
-def entry_problems(english: str, chinese: str, *, terms: bool = True) -> list[str]:
+def entry_problems(english: str, chinese: str, *, terms: bool = True, ignore: Iterable[str] = ()) -> list[str]:
     """Everything a translation ``chinese`` of ``english`` changed that it must keep."""
     out = []
     a, b = protected(english), protected(chinese)
@@ -512,9 +553,14 @@ def entry_problems(english: str, chinese: str, *, terms: bool = True) -> list[st
     for placeholder in sorted(fields[0] ^ fields[1]):
         out.append(f"placeholder {placeholder} differs")
     if terms:
-        out += [f"glossary term not rendered as in the glossary: {t}" for t in missing_terms(english, chinese)]
+        out += [f"glossary term not rendered as in the glossary: {t}" for t in missing_terms(english, chinese, ignore)]
     out += [f"typography: {t}" for t in typography(chinese)]
     return out
+
+
+#: a translator's comment (``# glossary: not rank, self-attention``) naming glossary terms that
+#: an entry uses in another sense or inside a title kept in English
+_IGNORE = re.compile(r"glossary: not ([^\n]+)")
 
 
 def lint(name: str) -> list[str]:
@@ -524,7 +570,11 @@ def lint(name: str) -> list[str]:
     out = []
     for e in polib.pofile(str(po_path(name))):
         if e.msgstr and not e.obsolete:
-            for problem in entry_problems(e.msgid, e.msgstr, terms=not e.msgctxt.startswith(("status", "glossary"))):
+            terms = not e.msgctxt.startswith(("status", "glossary"))
+            ignore = [
+                t.strip() for m in _IGNORE.findall(e.tcomment or "") for t in re.split(r" \(| —", m)[0].split(",")
+            ]
+            for problem in entry_problems(e.msgid, e.msgstr, terms=terms, ignore=ignore):
                 out.append(f"{name}: {e.msgctxt}: {problem}")
     return out
 
@@ -535,7 +585,7 @@ def lint(name: str) -> list[str]:
 
 def zh_setup_source() -> str:
     """The Chinese notebooks' setup cell: the English one, speaking Chinese."""
-    return notebook_tools.setup_source().replace("mc.setup()", 'mc.setup(language="zh")')
+    return notebook_tools.setup_source(LANG)
 
 
 def translation_table(name: str) -> dict[tuple[str, str], str]:

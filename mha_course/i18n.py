@@ -106,8 +106,10 @@ def _template_pattern(template: str):
 
     parts = re.split(r"(\{\w+\})", template)
     fields = [p[1:-1] for p in parts if p.startswith("{") and p.endswith("}")]
+    # the first and the last field as short as they can be (a name; the last parentheses), the
+    # ones between as long (a problem that has parentheses of its own)
     regex = "".join(
-        (f"(?P<{p[1:-1]}>.+)" if p[1:-1] == fields[-1] else f"(?P<{p[1:-1]}>.+?)")
+        (f"(?P<{p[1:-1]}>.+?)" if p[1:-1] in (fields[0], fields[-1]) else f"(?P<{p[1:-1]}>.+)")
         if p.startswith("{") and p.endswith("}")
         else re.escape(p)
         for p in parts
@@ -135,7 +137,11 @@ def verdict(message: str, templates: tuple[str, ...], *, lang: str | None = None
             if field == "diagnosis":
                 values[field] = _by_text(lang, "diagnosis ").get(value, value)
             elif field in ("where", "problem"):
-                values[field] = verdict(value, templates, lang=lang) if value != message else value
+                from .check.framework import DETAILS
+
+                values[field] = verdict(value, DETAILS, lang=lang) if value != message else value
+            elif field == "label":
+                values[field] = translate(value, "label", lang=lang)
             elif field == "cases":
                 values[field] = value
         return target.format(**values)

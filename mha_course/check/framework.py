@@ -93,6 +93,16 @@ VERDICTS = (
     "case {i} of {n}: {description}",
     "case {i} of {n}",
 )
+#: the shapes of a failure's detail lines (what differed), translated the same way
+DETAILS = (
+    "case {i} of {n}: {description}",
+    "case {i} of {n}",
+    "{label} has wrong values: max abs error {error} ({k} of {n} entries off)",
+    "{label} has wrong values: {k} of {n} entries differ",
+    "{label} has shape {got}, expected {expected}",
+    "{label} should be a torch.Tensor, got {what}",
+    "{label} contains NaN at {k} of {n} entries where a number belongs",
+)
 
 
 @dataclass(frozen=True)
@@ -129,7 +139,7 @@ class CheckResult:
         status = translate(self.status, "status")
         lines = [f"{_ICONS[self.status]} {status} · {verdict(self.message, VERDICTS)}"]
         if self.status == "failed" and self.details:
-            lines += ["   " + verdict(line, VERDICTS[-2:]) for line in self.details.splitlines()]
+            lines += ["   " + verdict(line, DETAILS) for line in self.details.splitlines()]
         return lines
 
     def __repr__(self) -> str:

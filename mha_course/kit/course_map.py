@@ -5,6 +5,8 @@ One source for README.md, notebook 00 and the tests (which check that README.md 
 
 from __future__ import annotations
 
+from ..i18n import tr, translate
+
 #: (file stem, title, one line on what it shows)
 NOTEBOOKS: list[tuple[str, str, str]] = [
     (
@@ -209,13 +211,15 @@ def _table(header: tuple[str, ...], rows) -> str:
 
 
 def glossary_markdown() -> str:
-    """The glossary as a Markdown table (English | 中文 | meaning)."""
-    return _table(("English", "中文", "meaning"), GLOSSARY)
+    """The glossary as a Markdown table (English | 中文 | meaning; the meaning in the course's language)."""
+    rows = ((en, zh, translate(meaning, f"glossary {en}")) for en, zh, meaning in GLOSSARY)
+    return _table(("English", "中文", tr("meaning", "table header")), rows)
 
 
 def notation_markdown() -> str:
     """The notation as a Markdown table."""
-    return _table(("symbol", "meaning"), ((f"`{s}`", m) for s, m in NOTATION))
+    rows = ((f"`{s}`", translate(m, f"notation {s}")) for s, m in NOTATION)
+    return _table((tr("symbol", "table header"), tr("meaning", "table header")), rows)
 
 
 def course_map_markdown(
@@ -236,6 +240,7 @@ def course_map_markdown(
             continue
         link = f"[{stem}]({folder}{stem}.ipynb)"
         colab = f" {badge}({colab_base}notebooks/{stem}.ipynb)" if colab_base else ""
+        title, line = translate(title, f"course map {stem} title"), translate(line, f"course map {stem} line")
         row = (stem[:2], f"**{title}**", line, link + colab)
         if student:
             if stem in student:
@@ -244,7 +249,10 @@ def course_map_markdown(
             else:
                 row += ("—",)
         rows.append(row)
-    header = ("#", "notebook", "what you will see", "open")
+    header = ("#", tr("notebook", "table header"), tr("what you will see", "table header"), tr("open", "table header"))
     if student:
-        header = header[:3] + ("solved edition", "student edition (exercises to fill in)")
+        header = header[:3] + (
+            tr("solved edition", "table header"),
+            tr("student edition (exercises to fill in)", "table header"),
+        )
     return _table(header, rows)

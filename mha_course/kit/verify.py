@@ -16,7 +16,9 @@ __all__ = ["mark", "proof_line"]
 
 def mark(ok: bool) -> str:
     """``"✅ passed"`` if ``ok`` else ``"❌ failed"``: a verdict glyph with its word."""
-    return "✅ passed" if ok else "❌ failed"
+    from ..i18n import translate
+
+    return f"✅ {translate('passed', 'status')}" if ok else f"❌ {translate('failed', 'status')}"
 
 
 def proof_line(
@@ -28,14 +30,19 @@ def proof_line(
     The bound, not the exact rounding error, is printed on success. With ``exact=True`` (pure
     data movement: views, copies, weight transfers) the claim is bitwise equality instead.
     """
+    from ..i18n import tr
+
     if got.shape != expected.shape:
-        return f"{mark(False)} · {claim}: shapes differ, {tuple(got.shape)} vs {tuple(expected.shape)}"
+        shapes = tr("shapes differ, {a} vs {b}", "proof", a=tuple(got.shape), b=tuple(expected.shape))
+        return f"{mark(False)} · {claim}: {shapes}"
     if exact:
         if torch.equal(got, expected):
-            return f"{mark(True)} · {claim}: bitwise identical"
+            return f"{mark(True)} · {claim}: {tr('bitwise identical', 'proof')}"
         error = (got.detach().double() - expected.detach().double()).abs().max().item()
-        return f"{mark(False)} · {claim}: not bitwise identical (max abs error {error:.2e})"
+        words = tr("not bitwise identical (max abs error {error})", "proof", error=f"{error:.2e}")
+        return f"{mark(False)} · {claim}: {words}"
     error = (got.detach().double() - expected.detach().double()).abs().max().item() if got.numel() else 0.0
     if error < bound:  # False for NaN: a NaN never passes
-        return f"{mark(True)} · {claim}: max abs error < {bound:.0e}"
-    return f"{mark(False)} · {claim}: max abs error {error:.2e} (bound {bound:.0e})"
+        return f"{mark(True)} · {claim}: {tr('max abs error < {bound}', 'proof', bound=f'{bound:.0e}')}"
+    words = tr("max abs error {error} (bound {bound})", "proof", error=f"{error:.2e}", bound=f"{bound:.0e}")
+    return f"{mark(False)} · {claim}: {words}"

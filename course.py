@@ -2,6 +2,8 @@
 """One entry point for learners, instructors and CI (standard library only).
 
     python3 course.py lab [--cpu-torch] [JUPYTER ARGS]   install into .venv/ and open the course in JupyterLab
+    python3 course.py lab --lang zh [JUPYTER ARGS]       the Chinese edition (notebooks/zh/00_setup_check), with
+                                                         JupyterLab's Chinese interface where its language pack is installed
     python3 course.py test [--cpu-torch] [PYTEST ARGS]   install into .venv/ (with the site and nbgrader
                                                          extras) and run the whole test suite
     python3 course.py test --fast [PYTEST ARGS]          unit and checker tests only (no notebooks, browser, pip)
@@ -34,6 +36,7 @@ with a non-zero status.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import signal
@@ -242,15 +245,55 @@ def ensure_extra(extra: str) -> None:
     stamp.write_text(digest)
 
 
-def lab_command(rest: list[str], python: str | Path = PY) -> list[str]:
-    """JupyterLab on notebooks/, its printed and opened URL landing on notebook 00 (not the launcher)."""
+#: the languages of the course's editions: code -> (folder of notebook 00 under notebooks/, JupyterLab's locale)
+LANGUAGES = {"en": ("", "en"), "zh": ("zh/", "zh_CN")}
+#: JupyterLab's interface language lives in this settings file (of @jupyterlab/translation-extension)
+LAB_LOCALE_SETTING = Path("@jupyterlab") / "translation-extension" / "plugin.jupyterlab-settings"
+
+
+def split_language(rest: list[str]) -> tuple[str, list[str]]:
+    """(the --lang value, the other arguments); a missing or unknown language is a SetupError."""
+    if "--lang" not in rest:
+        return "en", rest
+    i = rest.index("--lang")
+    if i + 1 >= len(rest) or rest[i + 1] not in LANGUAGES:
+        got = rest[i + 1] if i + 1 < len(rest) else "nothing"
+        raise SetupError(f"--lang takes one of {', '.join(LANGUAGES)}, got {got}")
+    return rest[i + 1], rest[:i] + rest[i + 2 :]
+
+
+def lab_settings(lang: str, python: str | Path = PY) -> Path | None:
+    """A JupyterLab settings folder whose interface language is ``lang``'s, or None when JupyterLab
+    keeps English (English asked for, or its language pack is not installed)."""
+    locale = LANGUAGES[lang][1]
+    if lang == "en":
+        return None
+    pack = f"jupyterlab_language_pack_{locale.replace('-', '_')}"
+    found = subprocess.run([str(python), "-c", f"import {pack}"], capture_output=True).returncode == 0
+    if not found:
+        print(
+            f"course.py: JupyterLab's interface stays English: its {locale} language pack is not installed\n"
+            f"  pip install jupyterlab-language-pack-{locale.replace('_', '-')}   (into .venv/: .venv/bin/python -m pip ...)",
+            flush=True,
+        )
+        return None
+    folder = VENV / "share" / "mha-course" / f"lab-settings-{lang}"
+    setting = folder / LAB_LOCALE_SETTING
+    setting.parent.mkdir(parents=True, exist_ok=True)
+    setting.write_text(json.dumps({"locale": locale}) + "\n", encoding="utf-8")
+    return folder
+
+
+def lab_command(rest: list[str], python: str | Path = PY, lang: str = "en") -> list[str]:
+    """JupyterLab on notebooks/, its printed and opened URL landing on notebook 00 (not the launcher);
+    with ``lang="zh"`` on the Chinese notebook 00 (notebooks/zh/)."""
     cmd = [
         str(python),
         "-m",
         "jupyter",
         "lab",
         f"--ServerApp.root_dir={ROOT / 'notebooks'}",
-        f"--LabApp.default_url=/lab/tree/{NOTEBOOK_00}",
+        f"--LabApp.default_url=/lab/tree/{LANGUAGES[lang][0]}{NOTEBOOK_00}",
         *rest,
     ]
     if hasattr(os, "geteuid") and os.geteuid() == 0:  # containers and workshop VMs often run as root
@@ -323,6 +366,7 @@ def main(argv: list[str]) -> int:
     if command != "class":
         rest = [a for a in rest if a not in ("--cpu-torch", "--fast", "--slowest")]
     try:
+        lang, rest = split_language(rest) if command == "lab" else ("en", rest)
         ensure_environment(cpu_torch=cpu_torch)
         if command == "site" or (command == "test" and not fast):
             ensure_extra("site")
@@ -338,7 +382,10 @@ def main(argv: list[str]) -> int:
         return 130
     env = dict(os.environ, PYTHONHASHSEED="0")
     if command == "lab":
-        cmd = lab_command(rest)
+        cmd = lab_command(rest, lang=lang)
+        settings = lab_settings(lang)
+        if settings is not None:
+            env["JUPYTERLAB_SETTINGS_DIR"] = str(settings)
     elif command == "site":
         cmd = [str(PY), "-m", "authoring.site", *rest]
     elif command == "class":

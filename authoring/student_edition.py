@@ -48,6 +48,13 @@ NOTE = (
     "with your code; the checker under it then tells you whether you are right (or which mistake you "
     "likely made). Everything else runs as it is."
 )
+#: the same note in the Chinese edition (notebooks/student/zh)
+NOTE_ZH = (
+    "> **学生版。** 每个练习在你把 raise 换成自己的代码之前都会抛出 `NotImplementedError`；"
+    "练习下方的检查器随后会告诉你是否正确（或你可能犯了哪个错误）。其余部分可以照常运行。"
+)
+#: the Chinese edition's student copy
+STUDENT_ZH_DIR = STUDENT_DIR / "zh"
 LINE_LENGTH = 120  # the project's ruff line length: longer raise lines are wrapped as ruff would
 
 _BEGIN = re.compile(r"^(?P<indent>[ \t]*)### BEGIN SOLUTION\b(?P<rest>.*)$")
@@ -264,8 +271,9 @@ def student_notebook(nb, *, notebook: str, out_rel: str = "notebooks/student", s
     src = (
         notebook_tools.BADGE_RE.sub(badge, src) if notebook_tools.BADGE_RE.search(src) else f"{src.rstrip()}\n\n{badge}"
     )
-    if NOTE not in src:
-        src = notebook_tools.BADGE_RE.sub(lambda m: f"{m.group(0)}\n\n{NOTE}", src, count=1)
+    note = NOTE_ZH if Path(out_rel).name == "zh" else NOTE
+    if note not in src:
+        src = notebook_tools.BADGE_RE.sub(lambda m: f"{m.group(0)}\n\n{note}", src, count=1)
     first_md.source = src
     nbformat.validate(student)
     return student, exercises
@@ -323,10 +331,15 @@ def build(out_dir: Path, sources: Iterable[Path] | None = None) -> list[Exercise
     return [e for _, found in built.values() for e in found]
 
 
-def stale(out_dir: Path) -> list[str]:
-    """What differs between ``out_dir`` and a fresh build of every numbered notebook."""
+def zh_sources() -> list[Path]:
+    """The Chinese notebooks (notebooks/zh/), the sources of notebooks/student/zh/."""
+    return sorted((notebook_tools.NOTEBOOKS / "zh").glob("[0-9][0-9]_*.ipynb"))
+
+
+def stale(out_dir: Path, sources: Iterable[Path] | None = None) -> list[str]:
+    """What differs between ``out_dir`` and a fresh build of every numbered notebook (or of ``sources``)."""
     out_dir = Path(out_dir)
-    built = editions(None, _out_rel(out_dir))
+    built = editions(sources, _out_rel(out_dir))
     problems = []
     for name, (text, _) in built.items():
         target = out_dir / name
@@ -407,14 +420,20 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if OUT_DIR is stale")
     args = parser.parse_args(argv)
     try:
+        committed = args.out_dir.resolve() == STUDENT_DIR.resolve()
         if args.check:
             problems = stale(args.out_dir)
+            if committed:
+                problems += stale(STUDENT_ZH_DIR, zh_sources())
             for p in problems:
                 print(p)
             if problems:
                 print(f"the student edition is stale: run `python -m authoring student-edition {args.out_dir}`")
             return 1 if problems else 0
         found = build(args.out_dir)
+        if committed and zh_sources():  # the Chinese edition's student copy, from notebooks/zh
+            build(STUDENT_ZH_DIR, zh_sources())
+            print(f"{STUDENT_ZH_DIR.relative_to(notebook_tools.ROOT)}: {len(zh_sources())} notebooks")
     except SolutionMarkupError as err:
         print(f"error: {err}")
         return 1

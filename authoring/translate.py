@@ -81,7 +81,7 @@ def notebook_sources(path: Path) -> list[Source]:
     from mha_course import i18n
 
     nb = nbformat.read(path, as_version=4)
-    rel = Path(path).resolve().relative_to(ROOT).as_posix()
+    rel = _rel(path)
     out = []
     for cell in nb.cells:
         if cell.cell_type == "markdown":
@@ -265,22 +265,30 @@ def catalogues() -> dict[str, list[Source]]:
     return out
 
 
-def po_path(name: str) -> Path:
-    return LOCALE / f"{name}.po"
+def _rel(path: Path) -> str:
+    """``path`` relative to the repository (its name when it lies elsewhere: a scratch copy)."""
+    try:
+        return Path(path).resolve().relative_to(ROOT).as_posix()
+    except ValueError:
+        return Path(path).name
+
+
+def po_path(name: str, locale: Path | None = None) -> Path:
+    return (LOCALE if locale is None else Path(locale)) / f"{name}.po"
 
 
 # ---------------------------------------------------------------------------------------------
 # update and check
 
 
-def update(name: str, sources: list[Source]) -> dict[str, int]:
+def update(name: str, sources: list[Source], *, locale: Path | None = None) -> dict[str, int]:
     """Merge ``sources`` into catalogue ``name`` as msgmerge does: an entry whose English is
     unchanged keeps its translation; one whose English changed (same context) keeps its
     translation as a fuzzy suggestion with the old English as previous msgid; new texts get an
     empty entry; entries whose context is gone are dropped. Returns counts of each."""
     import polib
 
-    path = po_path(name)
+    path = po_path(name, locale)
     old = polib.pofile(str(path), wrapwidth=0) if path.exists() else None
     exact = {(e.msgctxt, e.msgid): e for e in old} if old is not None else {}
     # a changed English is found by its context, where the context names one text only (a cell,
@@ -323,14 +331,14 @@ def _label(s: Source) -> str:
     return f"{s.context} ({first[:60]}{'…' if len(first) > 60 else ''})"
 
 
-def problems(name: str, sources: list[Source]) -> list[str]:
+def problems(name: str, sources: list[Source], *, locale: Path | None = None) -> list[str]:
     """What stops catalogue ``name`` from translating ``sources``: each text missing from the
     catalogue, untranslated, or fuzzy (its English changed since the translation), named."""
     import polib
 
-    path = po_path(name)
+    path = po_path(name, locale)
     if not path.exists():
-        return [f"{path.relative_to(ROOT)}: no catalogue (run python -m authoring translate --update)"]
+        return [f"{_rel(path)}: no catalogue (run python -m authoring translate --update)"]
     entries = {(e.msgctxt, e.msgid): e for e in polib.pofile(str(path)) if not e.obsolete}
     by_context = {c for (c, _) in entries}
     out = []
@@ -502,9 +510,9 @@ def glossary_terms() -> list[tuple[re.Pattern, str, tuple[str, ...]]]:
     return sorted(terms, key=lambda t: -len(t[1]))
 
 
-def _prose(text: str) -> str:
-    """``text`` without its code, formulas and link targets."""
-    for pattern in (_FENCE, _DISPLAY, _INLINE_MATH, _CODE, _LINK_TARGET, _FIELD, _INDENTED):
+def _prose(text: str, *, fields: bool = False) -> str:
+    """``text`` without its code, formulas and link targets (and with ``fields``, its {fields})."""
+    for pattern in (_FENCE, _DISPLAY, _INLINE_MATH, _CODE, _LINK_TARGET, _INDENTED, *([_FIELD] if fields else [])):
         text = pattern.sub(" ", text)
     return text
 
@@ -513,7 +521,7 @@ def missing_terms(english: str, chinese: str, ignore: Iterable[str] = ()) -> lis
     """Glossary terms of ``english``'s prose (code and formulas left out) whose Chinese is not in
     ``chinese``; ``ignore``: terms a translator marked as used in another sense (a paper's title)."""
     ignore = set(ignore)
-    prose = _prose(english)
+    prose = _prose(english, fields=True)
     out = []
     for pattern, base, forms in glossary_terms():
         if base in AMBIGUOUS or base in ignore:

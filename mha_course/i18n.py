@@ -158,7 +158,7 @@ def _figure_templates(lang: str) -> tuple:
         if context == "figure" and re.search(r"\{\d+\}", msgid):
             parts = re.split(r"(\{\d+\})", msgid)
             regex = "".join(
-                f"(?P<f{p[1:-1]}>.+?)"
+                f"(?P<f{p[1:-1]}>.*?)"
                 if re.fullmatch(r"\{\d+\}", p)
                 else re.escape(p.replace("{{", "{").replace("}}", "}"))
                 for p in parts

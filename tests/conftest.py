@@ -36,3 +36,13 @@ def site_dir(tmp_path_factory) -> Path:
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", PendingDeprecationWarning)
         return site.build(tmp_path_factory.mktemp("site") / "_site")
+
+
+@pytest.fixture(autouse=True)
+def _english_after_each_test():
+    """A test that switches the course to Chinese (mc.set_language, a Chinese setup cell) leaves
+    English behind for the next."""
+    yield
+    from mha_course import i18n
+
+    i18n.set_language("en")

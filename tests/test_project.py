@@ -19,6 +19,12 @@ from mha_course.kit import course_map
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = notebook_tools.numbered_notebooks()
+#: the English notebooks and their Chinese twins (notebooks/zh/)
+BOTH_EDITIONS = NOTEBOOKS + sorted((ROOT / "notebooks" / "zh").glob("[0-9][0-9]_*.ipynb"))
+
+
+def _id(path: Path) -> str:
+    return f"zh_{path.stem}" if path.parent.name == "zh" else path.stem
 
 
 def _requirement_lines(text: str) -> list[str]:
@@ -79,12 +85,13 @@ def test_course_map_lists_every_notebook():
         assert path.stem in stems, f"{path.name} is missing from mha_course/kit/course_map.py NOTEBOOKS"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", BOTH_EDITIONS, ids=_id)
 def test_badge_points_at_its_own_notebook(path):
     owner, repo = notebook_tools.repository()
     nb = json.loads(path.read_text(encoding="utf-8"))
     first_md = "".join(next(c for c in nb["cells"] if c["cell_type"] == "markdown")["source"])
-    url = f"https://colab.research.google.com/github/{owner}/{repo}/blob/main/notebooks/{path.name}"
+    rel = path.relative_to(ROOT).as_posix()
+    url = f"https://colab.research.google.com/github/{owner}/{repo}/blob/main/{rel}"
     assert f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({url})" in first_md
 
 
@@ -106,10 +113,11 @@ def _run_setup(source: str, *, on_colab: bool, monkeypatch) -> list[list[str]]:
     return calls
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", BOTH_EDITIONS, ids=_id)
 def test_setup_cell_installs_the_package_only_on_colab(path, monkeypatch):
     source = _setup_cell(path)
-    assert source == notebook_tools.setup_source(), "setup cell is stale: run `python -m authoring sync`"
+    expected = notebook_tools.setup_source(notebook_tools.language_of(path))
+    assert source == expected, "setup cell is stale: run `python -m authoring sync`"
     assert _run_setup(source, on_colab=False, monkeypatch=monkeypatch) == []
     calls = _run_setup(source, on_colab=True, monkeypatch=monkeypatch)
     owner, repo = notebook_tools.repository()
@@ -118,7 +126,7 @@ def test_setup_cell_installs_the_package_only_on_colab(path, monkeypatch):
     assert not {"-U", "--upgrade", "torch", "ipywidgets"} & set(calls[0]), "never upgrade Colab's torch/ipywidgets"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", BOTH_EDITIONS, ids=_id)
 def test_notebook_committed_state(path):
     nb = json.loads(path.read_text(encoding="utf-8"))
     code = [c for c in nb["cells"] if c["cell_type"] == "code" and "".join(c["source"]).strip()]

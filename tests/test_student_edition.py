@@ -25,6 +25,13 @@ from mha_course import check
 ROOT = notebook_tools.ROOT
 SOLUTIONS = notebook_tools.numbered_notebooks()
 STUDENT = se.STUDENT_DIR
+#: the Chinese edition (notebooks/zh) and its student copy (notebooks/student/zh)
+ZH_SOLUTIONS = se.zh_sources()
+STUDENT_ZH = se.STUDENT_ZH_DIR
+
+
+def _id(path: Path) -> str:
+    return f"zh_{path.stem}" if path.parent.name == "zh" else path.stem
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 
 
@@ -274,6 +281,8 @@ def test_committed_student_edition_is_fresh(tmp_path):
         assert (STUDENT / name).read_bytes() == (tmp_path / name).read_bytes(), (
             f"notebooks/student/{name} is stale: run `python -m authoring student-edition notebooks/student`"
         )
+    assert se.stale(STUDENT_ZH, ZH_SOLUTIONS) == [], "run `python -m authoring student-edition notebooks/student`"
+    assert len(ZH_SOLUTIONS) == len(SOLUTIONS), "every notebook has its Chinese twin"
 
 
 def _solution_parts(nb):
@@ -347,10 +356,10 @@ def test_leak_detector_finds_solutions_left_behind():
 
 
 def _pairs():
-    return [(p, STUDENT / p.name) for p in SOLUTIONS]
+    return [(p, STUDENT / p.name) for p in SOLUTIONS] + [(p, STUDENT_ZH / p.name) for p in ZH_SOLUTIONS]
 
 
-@pytest.mark.parametrize("solution, student", _pairs(), ids=lambda p: p.stem)
+@pytest.mark.parametrize("solution, student", _pairs(), ids=_id)
 def test_no_solution_survives(solution, student):
     solution_nb = json.loads(solution.read_text(encoding="utf-8"))
     student_nb = json.loads(student.read_text(encoding="utf-8"))
@@ -446,7 +455,9 @@ def _comparable(cell) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", [STUDENT / p.name for p in SOLUTIONS], ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "path", [STUDENT / p.name for p in SOLUTIONS] + [STUDENT_ZH / p.name for p in ZH_SOLUTIONS], ids=_id
+)
 def test_student_notebook_runs_top_to_bottom(path):
     """Executed in a fresh kernel (PYTHONHASHSEED=0, set by conftest.py): no error, every exercise
     check says "not attempted", and every cell the build left unchanged prints what it printed in
@@ -465,10 +476,12 @@ def test_student_notebook_runs_top_to_bottom(path):
         source = _src(after)
         if before.execution_count is None and after.metadata.get("nbgrader", {}).get("grade"):
             shown = "\n".join(_output_texts(after))  # an exercise's check cell
-            assert "not attempted" in shown, f"cell {index}: the check should say 'not attempted', got {shown!r}"
+            word = "未尝试" if path.parent.name == "zh" else "not attempted"
+            assert word in shown, f"cell {index}: the check should say {word!r}, got {shown!r}"
             assert "✅" not in shown and "❌" not in shown
         elif before.execution_count is not None and "nbval-ignore-output" not in before.metadata.get("tags", []):
-            if re.search(r"\bmc\.check\.\w+\(", source) and "not attempted" in "\n".join(_output_texts(after)):
+            shown = "\n".join(_output_texts(after))
+            if re.search(r"\bmc\.check\.\w+\(", source) and ("not attempted" in shown or "未尝试" in shown):
                 continue  # another check of the learner's function (e.g. a stricter stretch check)
             assert _comparable(after) == _comparable(before), (
                 f"cell {index} prints something else than the solved notebook stored: does it use the "

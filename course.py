@@ -2,8 +2,8 @@
 """One entry point for learners, instructors and CI (standard library only).
 
     python3 course.py lab [--cpu-torch] [JUPYTER ARGS]   install into .venv/ and open the course in JupyterLab
-    python3 course.py lab --lang zh [JUPYTER ARGS]       the Chinese edition (notebooks/zh/00_setup_check), with
-                                                         JupyterLab's Chinese interface where its language pack is installed
+    python3 course.py lab --lang zh [JUPYTER ARGS]       the Chinese edition (notebooks/zh/00_setup_check), and
+                                                         JupyterLab in Chinese where its language pack is installed
     python3 course.py test [--cpu-torch] [PYTEST ARGS]   install into .venv/ (with the site and nbgrader
                                                          extras) and run the whole test suite
     python3 course.py test --fast [PYTEST ARGS]          unit and checker tests only (no notebooks, browser, pip)
@@ -273,7 +273,7 @@ def lab_settings(lang: str, python: str | Path = PY) -> Path | None:
     if not found:
         print(
             f"course.py: JupyterLab's interface stays English: its {locale} language pack is not installed\n"
-            f"  pip install jupyterlab-language-pack-{locale.replace('_', '-')}   (into .venv/: .venv/bin/python -m pip ...)",
+            f"  .venv/bin/python -m pip install jupyterlab-language-pack-{locale.replace('_', '-')}",
             flush=True,
         )
         return None

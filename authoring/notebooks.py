@@ -165,10 +165,42 @@ def readme_text() -> str:
     return replace_block(text, "glossary", glossary_markdown())
 
 
+def readme_zh_text() -> str:
+    """README.zh-CN.md with its generated blocks (the Chinese course map, the glossary) brought up
+    to date: the map's titles and lines from the catalogues, its links to notebooks/zh/."""
+    from mha_course import i18n
+    from mha_course.kit.course_map import course_map_markdown, glossary_markdown
+
+    owner, repo = repository()
+    zh = NOTEBOOKS / "zh"
+    existing = {p.stem for p in zh.glob("[0-9][0-9]_*.ipynb")}
+    student = {p.stem for p in (NOTEBOOKS / "student" / "zh").glob("[0-9][0-9]_*.ipynb")}
+    text = (ROOT / "README.zh-CN.md").read_text(encoding="utf-8")
+    base = f"https://colab.research.google.com/github/{owner}/{repo}/blob/main/"
+    before = i18n.language()
+    i18n.set_language("zh")
+    try:
+        course_map = course_map_markdown(colab_base=base, existing=existing, student=student, folder="notebooks/zh/")
+        course_map = (
+            course_map.replace(f"{base}notebooks/", f"{base}notebooks/zh/")
+            .replace(f"{base}notebooks/zh/student/", f"{base}notebooks/student/zh/")
+            .replace("(notebooks/zh/student/", "(notebooks/student/zh/")
+            .replace("[student](", "[学生版](")
+        )
+        glossary = glossary_markdown()
+    finally:
+        i18n.set_language(before)
+    text = replace_block(text, "course-map", course_map)
+    return replace_block(text, "glossary", glossary)
+
+
 def sync_readme() -> bool:
-    path = ROOT / "README.md"
-    new = readme_text()
-    if new != path.read_text(encoding="utf-8"):
-        path.write_text(new, encoding="utf-8")
-        return True
-    return False
+    changed = False
+    for path, text in ((ROOT / "README.md", readme_text), (ROOT / "README.zh-CN.md", readme_zh_text)):
+        if not path.exists():
+            continue
+        new = text()
+        if new != path.read_text(encoding="utf-8"):
+            path.write_text(new, encoding="utf-8")
+            changed = True
+    return changed

@@ -86,7 +86,12 @@ def rewrite_links(markdown: str, source_dir: str, page_dir: str) -> str:
     the instructor guide to its page, anything else in the repository to GitHub; the Colab badge
     image becomes a text link."""
     markdown = BADGE_RE.sub(lambda m: f"[Open in Colab]({_badge_target(m)})", markdown)
-    site_paths = {"docs/instructor_guide.md": "instructor_guide.md"}
+    site_paths = {
+        "docs/instructor_guide.md": "instructor_guide.md",
+        "docs/workshop.zh-CN.md": "zh/workshop.md",
+        "README.zh-CN.md": "zh/index.md",
+        "README.md": "index.md",
+    }
 
     def one(m: re.Match) -> str:
         text, target = m.group(1), m.group(2)
@@ -95,9 +100,9 @@ def rewrite_links(markdown: str, source_dir: str, page_dir: str) -> str:
         path, _, anchor = target.partition("#")
         rel = os.path.normpath(os.path.join(source_dir, path)).replace(os.sep, "/")
         here = lambda p: os.path.relpath(p, page_dir or ".").replace(os.sep, "/")  # noqa: E731
-        if re.fullmatch(r"notebooks/student/\d\d_[^/]+\.ipynb", rel):
+        if re.fullmatch(r"notebooks/student/(zh/)?\d\d_[^/]+\.ipynb", rel):
             return _download(text, here(rel))
-        if re.fullmatch(r"notebooks/\d\d_[^/]+\.ipynb", rel):
+        if re.fullmatch(r"notebooks/(zh/)?\d\d_[^/]+\.ipynb", rel):
             return f"[{text}]({here(rel)}{'#' + anchor if anchor else ''})"
         if rel in site_paths:
             return f"[{text}]({here(site_paths[rel])}{'#' + anchor if anchor else ''})"
@@ -119,20 +124,49 @@ def _split_section(markdown: str, heading: str) -> tuple[str, str, str]:
 # ---------------------------------------------------------------- pages
 
 
-def landing_page(readme: str, notebooks: list[str]) -> tuple[str, str]:
-    """(index.md, glossary.md) from README.md: the landing page keeps the story, the quickstart
-    and the course map; the glossary gets a page of its own."""
-    before, glossary, after = _split_section(readme, "## Glossary")
+#: the language switch at the top of the landing pages (the notebooks' pages carry theirs by their
+#: Colab link): English -> its Chinese twin, Chinese -> its English source
+SWITCH = {"en": "**English** · [简体中文]({zh})", "zh": "[English]({en}) · **简体中文**"}
+
+
+def landing_page(readme: str, notebooks: list[str], *, lang: str = "en") -> tuple[str, str]:
+    """(index.md, glossary.md) from README.md (``lang="zh"``: README.zh-CN.md, for zh/): the landing
+    page keeps the story, the quickstart and the course map; the glossary gets a page of its own."""
+    heading = "## Glossary" if lang == "en" else "## 术语表"
+    before, glossary, after = _split_section(readme, heading)
     title = glossary.splitlines()[0].lstrip("# ").strip()
     glossary_page = "# " + title + "\n" + glossary.split("\n", 1)[1]
-    pointer = f"## {title}\n\nThe course's English–Chinese glossary has a page of its own: [{title}](glossary.md).\n\n"
-    index = rewrite_links(before, "", "") + pointer + rewrite_links(after, "", "")
-    toc = "\n".join(f"notebooks/{Path(n).stem}" for n in notebooks)
-    index += (
-        f"\n```{{toctree}}\n:hidden:\n:caption: Notebooks\n\n{toc}\n```\n\n"
-        "```{toctree}\n:hidden:\n:caption: Reference\n\nglossary\ninstructor_guide\nexercise_reference\n```\n"
+    pointer = (
+        f"## {title}\n\nThe course's English–Chinese glossary has a page of its own: [{title}](glossary.md).\n\n"
+        if lang == "en"
+        else f"## {title}\n\n课程的英中术语表单独成页：[{title}](glossary.md)。\n\n"
     )
-    return index, rewrite_links(glossary_page, "", "")
+    source_dir = ""
+    page_dir = "" if lang == "en" else "zh"
+    before = re.sub(
+        r"^(\*\*English\*\* · \[简体中文\]\(README\.zh-CN\.md\)|\[English\]\(README\.md\) · \*\*简体中文\*\*)\n+",
+        "",
+        before,
+        flags=re.M,
+    )  # the site has its own switch
+    index = rewrite_links(before, source_dir, page_dir) + pointer + rewrite_links(after, source_dir, page_dir)
+    first, _, rest = index.partition("\n")
+    switch = SWITCH[lang].format(zh="zh/index.md", en="../index.md")
+    index = f"{first}\n\n{switch}\n{rest}"
+    if lang == "en":
+        toc = "\n".join(f"notebooks/{Path(n).stem}" for n in notebooks)
+        index += (
+            f"\n```{{toctree}}\n:hidden:\n:caption: Notebooks\n\n{toc}\n```\n\n"
+            "```{toctree}\n:hidden:\n:caption: Reference\n\nglossary\ninstructor_guide\nexercise_reference\n```\n\n"
+            "```{toctree}\n:hidden:\n:caption: 简体中文\n\nzh/index\n```\n"
+        )
+    else:
+        toc = "\n".join(f"../notebooks/zh/{Path(n).stem}" for n in notebooks)
+        index += (
+            f"\n```{{toctree}}\n:hidden:\n:caption: 笔记本\n\n{toc}\n```\n\n"
+            "```{toctree}\n:hidden:\n:caption: 参考\n\nglossary\nworkshop\n```\n"
+        )
+    return index, rewrite_links(glossary_page, source_dir, page_dir)
 
 
 def guide_pages(guide: str) -> tuple[str, str]:
@@ -181,13 +215,24 @@ def notebook_page(nb: dict, rel: str, student_rel: str | None) -> dict:
     nb = copy.deepcopy(nb)
     state = nb.get("metadata", {}).pop("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
     page_dir = os.path.dirname(rel)
-    links = f"[Open in Colab]({colab_url_for(rel)})"
+    zh = page_dir.endswith("zh")
+    links = f"[{'在 Colab 中打开' if zh else 'Open in Colab'}]({colab_url_for(rel)})"
     if student_rel:
         student = os.path.relpath(student_rel, page_dir).replace(os.sep, "/")
-        links += (
-            f" · student edition (exercises to fill in): {_download('download the notebook', student)}"
-            f" or [open it in Colab]({colab_url_for(student_rel)})"
-        )
+        if zh:
+            links += (
+                f" · 学生版（练习留给你完成）：{_download('下载笔记本', student)}"
+                f"或[在 Colab 中打开]({colab_url_for(student_rel)})"
+            )
+        else:
+            links += (
+                f" · student edition (exercises to fill in): {_download('download the notebook', student)}"
+                f" or [open it in Colab]({colab_url_for(student_rel)})"
+            )
+    twin = f"notebooks/zh/{Path(rel).name}" if not zh else f"notebooks/{Path(rel).name}"
+    if (ROOT / twin).exists():  # the language switch: the page of the same notebook in the other language
+        target = os.path.relpath(twin, page_dir).replace(os.sep, "/")
+        links += f" · [English]({target})" if zh else f" · [简体中文]({target})"
     badge_replaced = False
     for cell in nb["cells"]:
         source = "".join(cell["source"])
@@ -226,9 +271,12 @@ def notebook_page(nb: dict, rel: str, student_rel: str | None) -> dict:
 def stage(src: Path) -> list[str]:
     """Write the site's source pages into ``src``; return the notebooks' repository paths."""
     notebooks = [p.relative_to(ROOT).as_posix() for p in numbered_notebooks()]
-    (src / "notebooks" / "student").mkdir(parents=True)
-    for rel in notebooks:
-        student_rel = f"notebooks/student/{Path(rel).name}"
+    chinese = [p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "notebooks" / "zh").glob("[0-9][0-9]_*.ipynb"))]
+    (src / "notebooks" / "student" / "zh").mkdir(parents=True)
+    (src / "notebooks" / "zh").mkdir(parents=True)
+    (src / "zh").mkdir()
+    for rel in notebooks + chinese:
+        student_rel = f"{os.path.dirname(rel).replace('notebooks', 'notebooks/student', 1)}/{Path(rel).name}"
         has_student = (ROOT / student_rel).exists()
         if has_student:
             shutil.copy2(ROOT / student_rel, src / student_rel)
@@ -241,7 +289,14 @@ def stage(src: Path) -> list[str]:
     guide, reference = guide_pages((ROOT / "docs" / "instructor_guide.md").read_text(encoding="utf-8"))
     (src / "instructor_guide.md").write_text(guide, encoding="utf-8")
     (src / "exercise_reference.md").write_text(reference, encoding="utf-8")
-    return notebooks
+    if chinese and (ROOT / "README.zh-CN.md").exists():  # the Chinese edition: zh/ and notebooks/zh/
+        index, glossary = landing_page((ROOT / "README.zh-CN.md").read_text(encoding="utf-8"), chinese, lang="zh")
+        (src / "zh" / "index.md").write_text(index, encoding="utf-8")
+        (src / "zh" / "glossary.md").write_text(glossary, encoding="utf-8")
+        workshop = (ROOT / "docs" / "workshop.zh-CN.md").read_text(encoding="utf-8")
+        workshop = re.sub(r"^\[English\]\(instructor_guide\.md\) \| 简体中文\n+", "", workshop)
+        (src / "zh" / "workshop.md").write_text(rewrite_links(workshop, "docs", "zh"), encoding="utf-8")
+    return notebooks + chinese
 
 
 def build(out: Path = DEFAULT_OUT, *, quiet: bool = True) -> Path:

@@ -229,6 +229,40 @@ def figure_texts(source: str) -> list[str]:
     return out
 
 
+#: a code cell that draws (its tuples and lists of words label figures: titles and labels set in a loop)
+_DRAWS = re.compile(r"\b(plt|ax|axes|fig|heatmap|subplots)\b")
+#: the package's modules whose tuples and lists of words are figure labels (tick and legend labels)
+FIGURE_MODULES = (
+    "address_book.py",
+    "hand_set_heads.py",
+    "head_budget.py",
+    "decoding.py",
+    "attention_across_devices.py",
+    "efficient_attention.py",
+)
+
+
+def listed_texts(source: str) -> list[str]:
+    """The words in the tuples and lists of Python ``source`` (not those printed or raised): the
+    titles and labels a loop sets, the tick labels a figure is given."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    skip = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("print", "ValueError", "TypeError"):
+            skip |= {id(n) for n in ast.walk(node)}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Tuple, ast.List)) and id(node) not in skip:
+            for element in node.elts:
+                text = _figure_template(element)
+                if text is not None and not text.startswith("tab:"):
+                    out.append(text)
+    return out
+
+
 def figure_sources() -> list[Source]:
     """The words of every figure the notebooks draw, from their code cells and the package's modules
     (context "figure"): drawn in Chinese in the Chinese edition (mha_course.kit.plotting.use_cjk_font)."""
@@ -243,9 +277,14 @@ def figure_sources() -> list[Source]:
                     line for line in notebook_tools._source(cell).splitlines() if not line.startswith(("%", "!"))
                 )
                 out += [Source("figure", text, rel) for text in figure_texts(code)]
+                if _DRAWS.search(code):
+                    out += [Source("figure", text, rel) for text in listed_texts(code)]
     for path in sorted((ROOT / "mha_course").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        out += [Source("figure", text, rel) for text in figure_texts(path.read_text(encoding="utf-8"))]
+        code = path.read_text(encoding="utf-8")
+        out += [Source("figure", text, rel) for text in figure_texts(code)]
+        if path.name in FIGURE_MODULES:
+            out += [Source("figure", text, rel) for text in listed_texts(code)]
     return _unique(out)
 
 

@@ -64,7 +64,13 @@ def _catalogue(lang: str, name: str) -> dict[tuple[str, str], str]:
     except ImportError:  # pragma: no cover - polib is a dependency; English still works without it
         return {}
     try:
-        text = resources.files("mha_course").joinpath("locale", lang, f"{name}.po").read_text(encoding="utf-8")
+        text = (
+            resources.files("mha_course")
+            .joinpath("locale")
+            .joinpath(lang)
+            .joinpath(f"{name}.po")
+            .read_text(encoding="utf-8")
+        )
     except (FileNotFoundError, OSError):
         return {}
     table = {}

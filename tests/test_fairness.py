@@ -191,6 +191,22 @@ def test_course_wide_the_correct_option_s_length_rank_is_spread_as_chance():
     assert rank_problems(counts) == []
 
 
+def test_in_chinese_too_the_correct_option_s_length_rank_is_spread_as_chance():
+    """A translation can bring the tell back (a correct option rendered more fully than the others):
+    the Chinese quizzes, as the Chinese notebooks show them, are held to the same spread."""
+    import mha_course as mc
+
+    mc.set_language("zh")
+    try:
+        chinese = [(p.stem, i, q) for p in QUIZ_FILES for i, q in enumerate(mc.quiz.load(p.stem)["questions"], 1)]
+    finally:
+        mc.set_language("en")
+    counts = rank_table(chinese)
+    print()
+    print(format_table(counts))
+    assert rank_problems(counts) == []
+
+
 @pytest.mark.parametrize("key", [p.stem for p in QUIZ_FILES])
 def test_the_correct_option_is_not_told_by_absolute_words(key):
     problems = [

@@ -360,6 +360,23 @@ def test_lab_command_opens_notebook_00():
     assert (ROOT / "notebooks" / course.NOTEBOOK_00).is_file()
 
 
+def test_lab_in_chinese_opens_the_chinese_notebook_00_and_sets_jupyterlabs_locale(tmp_path, monkeypatch, capsys):
+    course = _course_module()
+    assert course.split_language(["--lang", "zh", "--no-browser"]) == ("zh", ["--no-browser"])
+    with pytest.raises(course.SetupError, match="--lang takes one of en, zh, got fr"):
+        course.split_language(["--lang", "fr"])
+    cmd = course.lab_command([], python="python", lang="zh")
+    assert "--LabApp.default_url=/lab/tree/zh/00_setup_check.ipynb" in cmd
+    assert (ROOT / "notebooks" / "zh" / course.NOTEBOOK_00).is_file()
+    monkeypatch.setattr(course, "VENV", tmp_path)
+    monkeypatch.setattr(course.subprocess, "run", lambda *a, **k: types.SimpleNamespace(returncode=1))
+    assert course.lab_settings("zh") is None and "jupyterlab-language-pack-zh-CN" in capsys.readouterr().out
+    monkeypatch.setattr(course.subprocess, "run", lambda *a, **k: types.SimpleNamespace(returncode=0))
+    folder = course.lab_settings("zh")
+    assert json.loads((folder / course.LAB_LOCALE_SETTING).read_text()) == {"locale": "zh_CN"}
+    assert course.lab_settings("en") is None
+
+
 @pytest.mark.slow
 def test_lab_prints_a_url_that_lands_on_notebook_00(tmp_path):
     """JupyterLab started as `course.py lab --no-browser` starts it: the URL it prints opens notebook 00."""

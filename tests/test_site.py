@@ -97,6 +97,11 @@ def test_the_build_has_a_page_for_every_notebook_and_the_reference_pages(site_di
         assert notebook_page(site_dir, nb).is_file(), f"no page for {nb.name}"
     for name in ("index", "glossary", "instructor_guide", "exercise_reference", "search"):
         assert (site_dir / f"{name}.html").is_file(), f"no {name}.html"
+    # the Chinese edition: a page per Chinese notebook, its landing page, glossary and workshop material
+    for nb in NOTEBOOKS:
+        assert (site_dir / "notebooks" / "zh" / f"{nb.stem}.html").is_file(), f"no Chinese page for {nb.name}"
+    for name in ("index", "glossary", "workshop"):
+        assert (site_dir / "zh" / f"{name}.html").is_file(), f"no zh/{name}.html"
     assert [p.name for p in site_dir.parent.iterdir()] == [site_dir.name], "the build wrote next to its output"
 
 
@@ -246,8 +251,17 @@ def test_glossary_instructor_guide_and_exercise_reference_pages(site_dir, pages)
 @pytest.mark.slow  # builds the site (Sphinx, about 10 s)
 def test_search_index_holds_the_course_terms(site_dir):
     index = (site_dir / "searchindex.js").read_text(encoding="utf-8")
-    for term in ("softmax", "kv", "causal"):
+    for term in ("softmax", "kv", "causal", "注意力", "键值", "缓存"):
         assert f'"{term}"' in index, f"{term!r} is not in the search index"
+
+
+@pytest.mark.slow  # builds the site (Sphinx, about 10 s)
+def test_every_page_switches_to_its_other_language(site_dir, pages):
+    english = pages[site_dir / "notebooks" / "05_masks_and_cross_attention.html"]
+    chinese = pages[site_dir / "notebooks" / "zh" / "05_masks_and_cross_attention.html"]
+    assert any(u.endswith("zh/05_masks_and_cross_attention.html") for u in english.links)
+    assert any(u.endswith("../05_masks_and_cross_attention.html") for u in chinese.links)
+    assert any(u.endswith("zh/index.html") for u in pages[site_dir / "index.html"].links)
 
 
 def test_links_written_for_github_are_rewritten_for_the_site():
@@ -368,7 +382,8 @@ def test_the_tofu_test_finds_a_character_the_font_lacks():
 def test_the_fonts_unicode_range_is_what_the_site_calls_cjk():
     css = (site.CONF_DIR / "_static" / "course.css").read_text(encoding="utf-8")
     assert _css_ranges(css) == list(site.CJK_RANGES)
-    assert site.CJK_FONT.stat().st_size < 40_000, "a subset to the site's characters: a few kilobytes"
+    # a subset to the site's characters (the Chinese edition's few thousand), not the whole font (16 MB)
+    assert site.CJK_FONT.stat().st_size < 3_000_000
     licence = (site.CJK_FONT.parent / "LICENSE.txt").read_text(encoding="utf-8")
     assert "SIL OPEN FONT LICENSE Version 1.1" in licence
 

@@ -32,6 +32,8 @@ STUDENT_ZH = se.STUDENT_ZH_DIR
 
 def _id(path: Path) -> str:
     return f"zh_{path.stem}" if path.parent.name == "zh" else path.stem
+
+
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 
 

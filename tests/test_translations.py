@@ -31,7 +31,10 @@ ENGLISH = notebook_tools.numbered_notebooks()
 def test_every_text_is_translated_and_current():
     """`python -m authoring translate --check`: an English edit without its Chinese fails here."""
     found = [p for name, sources in CATALOGUES.items() for p in translate.problems(name, sources)]
-    assert not found, "texts without a current translation (python -m authoring translate --update, then translate):\n" + "\n".join(found[:40])
+    assert not found, (
+        "texts without a current translation (python -m authoring translate --update, then translate):\n"
+        + "\n".join(found[:40])
+    )
 
 
 def test_the_check_command_exits_zero_and_says_so(capsys):
@@ -82,7 +85,9 @@ def test_a_changed_english_sentence_fails_the_check_with_that_cells_name(tmp_pat
     counts = translate.update("05", sources, locale=locale)
     assert counts["fuzzy"] == 1 and counts["new"] == 0 and counts["kept"] == len(sources) - 1
     entry = next(e for e in polib.pofile(str(locale / "05.po")) if e.msgctxt.endswith(cell.id))
-    assert entry.fuzzy and entry.previous_msgid == translate.markdown_source(nbformat.from_dict({"cell_type": "markdown", "source": old, "metadata": {}}))
+    assert entry.fuzzy and entry.previous_msgid == translate.markdown_source(
+        nbformat.from_dict({"cell_type": "markdown", "source": old, "metadata": {}})
+    )
     assert entry.msgstr, "the old translation stays, as a suggestion"
     found = translate.problems("05", sources, locale=locale)
     assert len(found) == 1 and "fuzzy" in found[0]
@@ -99,7 +104,10 @@ def test_a_new_cell_is_a_new_empty_entry(tmp_path):
     shutil.copy(translate.po_path("01"), locale / "01.po")
     counts = translate.update("01", translate._unique(translate.notebook_sources(path)), locale=locale)
     assert counts["new"] == 1 and counts["fuzzy"] == 0
-    assert any("not translated" in p for p in translate.problems("01", translate._unique(translate.notebook_sources(path)), locale=locale))
+    assert any(
+        "not translated" in p
+        for p in translate.problems("01", translate._unique(translate.notebook_sources(path)), locale=locale)
+    )
 
 
 @pytest.mark.parametrize(
@@ -231,7 +239,12 @@ def test_a_checkers_verdict_in_chinese_names_the_same_mistake():
 def test_every_diagnosis_has_its_chinese():
     table = json.loads((ROOT / "mha_course/check/diagnoses.json").read_text(encoding="utf-8"))
     chinese = translate.translation_table("messages")
-    missing = [f"{c} {n}" for c, words in table.items() for n, text in words.items() if (f"diagnosis {c} {n}", text) not in chinese]
+    missing = [
+        f"{c} {n}"
+        for c, words in table.items()
+        for n, text in words.items()
+        if (f"diagnosis {c} {n}", text) not in chinese
+    ]
     assert not missing
 
 
@@ -239,7 +252,9 @@ def test_figure_texts_are_translated_with_their_values_filled_in():
     mc.set_language("zh")
     assert i18n.figure_text("key position") != "key position"
     # an f-string's template: the values drawn are kept, the words translated
-    template = next(m for (c, m) in translate.translation_table("messages") if c == "figure" and "{0}" in m and "{1}" in m)
+    template = next(
+        m for (c, m) in translate.translation_table("messages") if c == "figure" and "{0}" in m and "{1}" in m
+    )
     pattern = i18n._template_pattern(template.replace("{0}", "{a}").replace("{1}", "{b}"))
     drawn = template.replace("{{", "{").replace("}}", "}").format(*(f"<{k}>" for k in range(9)))
     zh = i18n.figure_text(drawn)

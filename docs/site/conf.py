@@ -38,6 +38,10 @@ myst_heading_anchors = 4  # `[...](#a-heading)` links, as on GitHub
 exclude_patterns = ["notebooks/student/**"]  # the student edition is offered as downloads
 suppress_warnings = ["myst.header"]  # notebooks may skip a heading level (e.g. quiz headings)
 
+# one search for both languages: jieba cuts the Chinese pages into words (Latin words are indexed
+# as in English); the Chinese pages live under zh/ and notebooks/zh/
+html_search_language = "zh"
+
 html_theme = "sphinx_book_theme"
 html_title = "Multi-head attention"
 html_static_path = ["_static"]

@@ -25,7 +25,7 @@ def use_cjk_font() -> str | None:
     from .. import i18n
 
     name = None
-    path = resources.files("mha_course.kit").joinpath(CJK_FONT)
+    path = resources.files("mha_course.kit").joinpath("fonts").joinpath(CJK_FONT.split("/")[-1])
     if path.is_file():
         font_manager.fontManager.addfont(str(path))
         name = font_manager.FontProperties(fname=str(path)).get_name()

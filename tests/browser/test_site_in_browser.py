@@ -24,7 +24,12 @@ import pytest
 pytestmark = pytest.mark.browser
 
 SCREENSHOTS = Path(__file__).resolve().parent / "screenshots"  # git-ignored
-PAGES = ("index.html", "notebooks/01_single_head_attention.html", "notebooks/06_gqa_mqa_and_kv_cache.html")
+PAGES = (
+    "index.html",
+    "notebooks/01_single_head_attention.html",
+    "notebooks/06_gqa_mqa_and_kv_cache.html",
+    "notebooks/zh/01_single_head_attention.html",  # the Chinese edition: its figures label in Chinese
+)
 TIMEOUT_MS = 60_000  # one page on a loaded 2-core machine
 
 MATH_DONE_JS = """async () => {
@@ -88,6 +93,9 @@ def test_page_renders_offline(path, server, offline_page, site_dir, site_screens
     page.screenshot(path=site_screenshots / f"{name}.png")
 
     math_elements = page.locator(".math").count()
+    if "/zh/" in f"/{path}":
+        assert "注意力" in page.inner_text("body"), f"{path}: the Chinese page shows no Chinese"
+        assert page.evaluate(FONT_STATUS_JS) == ["loaded"], f"{path}: the bundled CJK font was not used"
     if path != "index.html":
         assert math_elements > 0, f"{path}: no formula on the page (the test should open pages with math)"
     if math_elements:
@@ -110,14 +118,19 @@ def test_page_renders_offline(path, server, offline_page, site_dir, site_screens
     assert not errors, f"{path}: " + "\n".join(errors)
 
 
-def test_search_finds_a_course_term_offline(server, offline_page, site_screenshots):
+@pytest.mark.parametrize(
+    "term, found",
+    [("softmax", "notebooks/01_single_head_attention"), ("通讯录", "notebooks/zh/01_single_head_attention")],
+)
+def test_search_finds_a_course_term_offline(term, found, server, offline_page, site_screenshots):
+    """An English term, and a Chinese word (the Chinese pages are cut into words by jieba)."""
     page, errors, refused = offline_page
-    page.goto(f"{server}/search.html?q=softmax", wait_until="load", timeout=TIMEOUT_MS)
+    page.goto(f"{server}/search.html?q={term}", wait_until="load", timeout=TIMEOUT_MS)
     results = page.locator("ul.search li")
     results.first.wait_for(timeout=TIMEOUT_MS)
-    page.screenshot(path=site_screenshots / "search-softmax.png")
+    page.screenshot(path=site_screenshots / f"search-{'zh' if '/zh/' in found else term}.png")
     links = [a.get_attribute("href") for a in page.locator("ul.search li a").all()]
-    assert any("notebooks/01_single_head_attention" in (h or "") for h in links), links
+    assert any(found in (h or "") for h in links), links
     assert not refused, f"search tried to reach the network: {refused}"
     assert not errors, "\n".join(errors)
 
@@ -152,14 +165,15 @@ def test_code_stays_within_the_page_width(path, server, offline_page, site_scree
     assert not refused and not errors, f"{path}: {refused} {errors}"
 
 
-def test_the_glossarys_chinese_renders_with_the_bundled_font(server, offline_page, site_screenshots):
-    """The Chinese column is drawn with the site's own CJK subset (loaded, as the page needs it),
-    so it reads on a machine without a CJK font."""
+@pytest.mark.parametrize("path", ["glossary.html", "zh/glossary.html"])
+def test_the_glossarys_chinese_renders_with_the_bundled_font(path, server, offline_page, site_screenshots):
+    """The Chinese column (and the Chinese glossary page) is drawn with the site's own CJK subset
+    (loaded, as the page needs it), so it reads on a machine without a CJK font."""
     page, errors, refused = offline_page
-    page.goto(f"{server}/glossary.html", wait_until="load", timeout=TIMEOUT_MS)
+    page.goto(f"{server}/{path}", wait_until="load", timeout=TIMEOUT_MS)
     cell = page.locator("td", has_text="注意力").first
     cell.scroll_into_view_if_needed()
     assert page.evaluate(FONT_STATUS_JS) == ["loaded"], "the bundled CJK font was not used"
     assert page.evaluate("() => document.fonts.check('16px \"Course CJK\"', '注意力头')")
-    page.screenshot(path=site_screenshots / "glossary.png")
+    page.screenshot(path=site_screenshots / f"{path.replace('/', '-')[:-5]}.png")
     assert not refused and not errors, f"{refused} {errors}"

@@ -370,6 +370,32 @@ def _label(s: Source) -> str:
     return f"{s.context} ({first[:60]}{'…' if len(first) > 60 else ''})"
 
 
+def mo_path(name: str, locale: Path | None = None) -> Path:
+    """The compiled catalogue the package reads (gettext's layout: LANG/LC_MESSAGES/NAME.mo)."""
+    return (LOCALE if locale is None else Path(locale)) / "LC_MESSAGES" / f"{name}.mo"
+
+
+def compiled(name: str, locale: Path | None = None) -> bytes:
+    """Catalogue ``name`` compiled as msgfmt does (its translated, non-fuzzy entries)."""
+    import tempfile
+
+    import polib
+
+    with tempfile.TemporaryDirectory() as tmp:
+        polib.pofile(str(po_path(name, locale))).save_as_mofile(str(Path(tmp) / "out.mo"))
+        return (Path(tmp) / "out.mo").read_bytes()
+
+
+def compile_catalogue(name: str, locale: Path | None = None) -> bool:
+    """Write the compiled catalogue ``name``; True when it changed."""
+    data, target = compiled(name, locale), mo_path(name, locale)
+    if target.exists() and target.read_bytes() == data:
+        return False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)
+    return True
+
+
 def problems(name: str, sources: list[Source], *, locale: Path | None = None) -> list[str]:
     """What stops catalogue ``name`` from translating ``sources``: each text missing from the
     catalogue, untranslated, or fuzzy (its English changed since the translation), named."""
@@ -390,6 +416,9 @@ def problems(name: str, sources: list[Source], *, locale: Path | None = None) ->
             out.append(f"{name}: {_label(s)}: fuzzy — the English changed since the translation")
         elif not entry.msgstr.strip():
             out.append(f"{name}: {_label(s)}: not translated")
+    mo = mo_path(name, locale)
+    if not mo.exists() or mo.read_bytes() != compiled(name, locale):
+        out.append(f"{_rel(mo)}: not compiled from {path.name} as it stands (run --update)")
     return out
 
 
@@ -521,6 +550,7 @@ ALSO = {
     "tile": ("分块", "块"),
     "gradient": ("梯度",),
     "mask": ("掩码",),
+    "may attend": ("可以关注", "可关注", "能关注", "允许关注"),
     "embedding": ("嵌入", "embedding"),
 }
 
@@ -774,6 +804,7 @@ def main(argv: list[str]) -> int:
     if args.update:
         for name, sources in cats.items():
             counts = update(name, sources)
+            compile_catalogue(name)
             print(f"{po_path(name).relative_to(ROOT)}: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
         return 0
     if args.check:

@@ -4,7 +4,8 @@
     mc.set_language("en")      back to English (the default; or MHA_COURSE_LANG=zh before the import)
 
 The Chinese notebooks call ``mc.setup(language="zh")`` in their setup cell. The translations live
-in standard gettext catalogues, shipped with the package and read with polib::
+in standard gettext catalogues, shipped with the package (their compiled ``.mo`` files, written by
+``python -m authoring translate --update`` into ``LC_MESSAGES/``, are read with Python's gettext)::
 
     mha_course/locale/zh/NN.po         one per notebook: its Markdown cells, quiz, predictions, hints
     mha_course/locale/zh/messages.po   the package's own messages: checkers' verdicts and diagnoses,
@@ -58,25 +59,21 @@ def language() -> str:
 
 @functools.cache
 def _catalogue(lang: str, name: str) -> dict[tuple[str, str], str]:
-    """(msgctxt, msgid) -> msgstr of the translated, current (not fuzzy, not obsolete) entries."""
+    """(msgctxt, msgid) -> msgstr of the compiled catalogue ``name`` (its translated, current
+    entries: a fuzzy or empty one is left out when it is compiled)."""
+    import gettext
+
+    path = resources.files("mha_course").joinpath("locale").joinpath(lang).joinpath("LC_MESSAGES")
     try:
-        import polib
-    except ImportError:  # pragma: no cover - polib is a dependency; English still works without it
-        return {}
-    try:
-        text = (
-            resources.files("mha_course")
-            .joinpath("locale")
-            .joinpath(lang)
-            .joinpath(f"{name}.po")
-            .read_text(encoding="utf-8")
-        )
+        with path.joinpath(f"{name}.mo").open("rb") as fp:
+            compiled = gettext.GNUTranslations(fp)
     except (FileNotFoundError, OSError):
         return {}
     table = {}
-    for entry in polib.pofile(text):
-        if entry.msgstr and not entry.fuzzy and not entry.obsolete:
-            table[(entry.msgctxt or "", entry.msgid)] = entry.msgstr
+    for key, msgstr in compiled._catalog.items():  # "context\x04msgid" for an entry with a context
+        if isinstance(key, str) and key:
+            context, _, msgid = key.rpartition("\x04")
+            table[(context, msgid)] = msgstr
     return table
 
 

@@ -41,6 +41,29 @@ suppress_warnings = ["myst.header"]  # notebooks may skip a heading level (e.g. 
 # one search for both languages: jieba cuts the Chinese pages into words (Latin words are indexed
 # as in English); the Chinese pages live under zh/ and notebooks/zh/
 html_search_language = "zh"
+# Sphinx 9 names the stemmer of the Latin words after the language ("ChineseStemmer") while it ships
+# the English one for Chinese pages: the page then fails with "ChineseStemmer is not defined". The
+# Chinese search, its stemmer named as the code it ships (only that line of language_data.js changes).
+try:
+    from sphinx.search import languages as _search_languages
+    from sphinx.search.zh import SearchChinese as _SearchChinese
+
+    if _SearchChinese.js_stemmer_rawcode == "english-stemmer.js":
+
+        class _CourseSearchChinese(_SearchChinese):
+            language_name = "English"
+
+        _search_languages["zh"] = _CourseSearchChinese
+except ImportError:  # pragma: no cover
+    pass
+try:  # jieba announces its dictionary on stderr: not a build message
+    import logging
+
+    import jieba
+
+    jieba.setLogLevel(logging.WARNING)
+except ImportError:  # pragma: no cover - the site extra installs it
+    pass
 
 html_theme = "sphinx_book_theme"
 html_title = "Multi-head attention"

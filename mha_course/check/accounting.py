@@ -9,6 +9,7 @@ from __future__ import annotations
 from fractions import Fraction as _F
 
 from .. import accounting as _accounting
+from ..i18n import tr
 from .framework import Case, CheckResult, mistakes, run_check
 
 __all__ = ["count_attention_params", "kv_cache_bytes"]
@@ -77,7 +78,7 @@ def count_attention_params(fn) -> CheckResult:
         _params,
         COUNT_ATTENTION_PARAMS_MISTAKES,
         arg_names=("d_model", "num_heads", "num_kv_heads"),
-        output_label="your count",
+        output_label=tr("your count", "label"),
     )
 
 
@@ -147,5 +148,5 @@ def kv_cache_bytes(fn) -> CheckResult:
         _kv,
         KV_CACHE_BYTES_MISTAKES,
         arg_names=("num_layers", "num_kv_heads", "head_dim", "seq_len"),
-        output_label="your answer",
+        output_label=tr("your answer", "label"),
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..i18n import tr
 from ..lessons import address_book
 from .framework import NOT_ATTEMPTED, Case, CheckResult, call_learner, raised_message, type_name
 
@@ -42,36 +43,68 @@ def address_book_query(fn) -> CheckResult:
         if largest > LIMIT + 1e-6:
             return CheckResult(
                 False,
-                f"{name}: your query has an entry of size {largest:g}; keep every entry between -{LIMIT:g} "
-                f"and {LIMIT:g} — a louder query is not the point here: find another way to widen the gap ({where})",
-                f"{call} returned q = {_fmt(q)}",
+                f"{name}: "
+                + tr(
+                    "your query has an entry of size {largest:g}; keep every entry between -{limit:g} "
+                    "and {limit:g} — a louder query is not the point here: find another way to widen the gap",
+                    "check address_book_query",
+                    largest=largest,
+                    limit=LIMIT,
+                )
+                + f" ({where})",
+                tr("{call} returned q = {q}", "check address_book_query", call=call, q=_fmt(q)),
             )
         weights = address_book.lookup(q.detach().float().cpu()).weights
         lowest = min(lowest, weights[target].item())
         diagnosis = _diagnose(weights, target)
         if diagnosis:
             shown = ", ".join(f"{w:.3f}" for w in weights.tolist())
-            details = f"{where}\n{call} returned q = {_fmt(q)}\nweights over the records: [{shown}]"
-            return CheckResult(False, f"{name}: {diagnosis}", details)
+            details = (
+                f"{where}\n"
+                + tr("{call} returned q = {q}", "check address_book_query", call=call, q=_fmt(q))
+                + "\n"
+                + tr("weights over the records: [{shown}]", "check address_book_query", shown=shown)
+            )
+            return CheckResult(
+                False, tr("{name}: {diagnosis}", "check address_book_query", name=name, diagnosis=diagnosis), details
+            )
     return CheckResult(
         True,
-        f"{name}: each of the {len(QUESTIONS)} questions finds its record "
-        f"with weight >= {THRESHOLD} (lowest {lowest:.3f}), every entry within ±{LIMIT:g}",
+        tr(
+            "{name}: each of the {n} questions finds its record "
+            "with weight >= {threshold} (lowest {lowest:.3f}), every entry within ±{limit:g}",
+            "check address_book_query",
+            name=name,
+            n=len(QUESTIONS),
+            threshold=THRESHOLD,
+            lowest=lowest,
+            limit=LIMIT,
+        ),
     )
 
 
 def _shape_problem(q) -> str | None:
     if not isinstance(q, torch.Tensor):
-        return f"your query should be a torch.Tensor of shape (4,), got {type_name(q)}"
+        return tr(
+            "your query should be a torch.Tensor of shape (4,), got {what}",
+            "check address_book_query",
+            what=type_name(q),
+        )
     if tuple(q.shape) != (4,):
-        return (
-            f"your query has shape {tuple(q.shape)}, expected (4,): one number per key feature "
-            f"{list(address_book.KEY_FEATURES)}"
+        return tr(
+            "your query has shape {shape}, expected (4,): one number per key feature {features}",
+            "check address_book_query",
+            shape=tuple(q.shape),
+            features=list(address_book.KEY_FEATURES),
         )
     if not q.is_floating_point():
-        return f"your query has dtype {q.dtype}, expected a floating-point tensor (e.g. torch.zeros(4))"
+        return tr(
+            "your query has dtype {dtype}, expected a floating-point tensor (e.g. torch.zeros(4))",
+            "check address_book_query",
+            dtype=q.dtype,
+        )
     if not bool(torch.isfinite(q).all()):
-        return "your query contains inf or NaN: use finite numbers"
+        return tr("your query contains inf or NaN: use finite numbers", "check address_book_query")
     return None
 
 
@@ -82,21 +115,33 @@ def _diagnose(weights: torch.Tensor, target: int) -> str | None:
     tied = [j for j in range(len(w)) if abs(w[j] - w[best]) < 1e-4]
     want = address_book.RECORDS[target]
     if len(tied) > 1 and target in tied:
-        others = " and ".join(f"'{address_book.RECORDS[j]}'" for j in tied)
-        return (
-            f"the query cannot tell {others} apart (equal weights): name both the person and the "
-            f"attribute, one feature each"
+        others = tr(" and ", "check address_book_query").join(f"'{address_book.RECORDS[j]}'" for j in tied)
+        return tr(
+            "the query cannot tell {others} apart (equal weights): name both the person and the "
+            "attribute, one feature each",
+            "check address_book_query",
+            others=others,
         )
     if best != target:
-        return (
-            f"the query reads mostly '{address_book.RECORDS[best]}' ({w[best]:.3f}) instead of '{want}' "
-            f"— check which entries you set: the features are {list(address_book.KEY_FEATURES)}"
+        return tr(
+            "the query reads mostly '{best}' ({weight:.3f}) instead of '{want}' "
+            "— check which entries you set: the features are {features}",
+            "check address_book_query",
+            best=address_book.RECORDS[best],
+            weight=w[best],
+            want=want,
+            features=list(address_book.KEY_FEATURES),
         )
     if w[target] < THRESHOLD:
-        return (
-            f"the query points at the right record '{want}' but only with weight {w[target]:.3f} "
-            f"< {THRESHOLD}: make it more decisive — widen the gap between its score and the others' (the softmax "
-            f"sharpens as the gaps between scores grow), within entries of size {LIMIT:g}"
+        return tr(
+            "the query points at the right record '{want}' but only with weight {weight:.3f} "
+            "< {threshold}: make it more decisive — widen the gap between its score and the others' (the softmax "
+            "sharpens as the gaps between scores grow), within entries of size {limit:g}",
+            "check address_book_query",
+            want=want,
+            weight=w[target],
+            threshold=THRESHOLD,
+            limit=LIMIT,
         )
     return None
 

@@ -10,6 +10,7 @@ import torch
 from ..backward import backward_tile as _tile_reference
 from ..backward import repeat_kv_backward as _repeat_kv_backward_reference
 from ..backward import softmax_backward as _softmax_reference
+from ..i18n import tr
 from ..tiled import tiled_attention
 from .framework import Case, CheckResult, mistakes, run_check, tensor_generator
 
@@ -91,9 +92,15 @@ def _builds_a_jacobian(fn) -> CheckResult | None:
     if most < 8 * p.numel():
         return None
     words = next(m.diagnosis for m in SOFTMAX_BACKWARD_MISTAKES if m.name == "builds the Jacobian")
-    details = (
-        f"for weights of {_PROBE_LQ} × {_PROBE_LK} your function made a tensor of {most:,} numbers; "
-        f"the input holds {p.numel():,}, one row's Jacobian {_PROBE_LK**2:,}"
+    details = tr(
+        "for weights of {lq} × {lk} your function made a tensor of {most:,} numbers; "
+        "the input holds {numel:,}, one row's Jacobian {jacobian:,}",
+        "check softmax_backward",
+        lq=_PROBE_LQ,
+        lk=_PROBE_LK,
+        most=most,
+        numel=p.numel(),
+        jacobian=_PROBE_LK**2,
     )
     return CheckResult(False, f"softmax_backward: likely mistake — {words}", details)
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .framework import CheckResult, Mistake, diagnoses, learner_raised, tensor_generator, type_name
+from ..i18n import tr, verdict
+from .framework import DETAILS, CheckResult, Mistake, diagnoses, learner_raised, tensor_generator, type_name
 
 __all__ = ["attention_from_bert"]
 
@@ -179,7 +180,14 @@ def attention_from_bert(fn) -> CheckResult:
             out, weights = reference(layer, x, mask, h)
             if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
                 return CheckResult(
-                    False, f"{NAME}: your function must return (out, weights), two tensors; got {type_name(got)}", where
+                    False,
+                    tr(
+                        "{name}: your function must return (out, weights), two tensors; got {what}",
+                        "check attention_from_bert",
+                        name=NAME,
+                        what=type_name(got),
+                    ),
+                    where,
                 )
             if _close(got[0], out) and _close(got[1], weights):
                 continue
@@ -189,10 +197,34 @@ def attention_from_bert(fn) -> CheckResult:
         for label, t, exp in (("weights", got[1], weights), ("out", got[0], out)):
             if not _close(t, exp):
                 if t.shape != exp.shape:
-                    problem = f"shape {tuple(t.shape)}, expected {tuple(exp.shape)}"
+                    problem = tr(
+                        "shape {got}, expected {expected}",
+                        "check attention_from_bert",
+                        got=tuple(t.shape),
+                        expected=tuple(exp.shape),
+                    )
                 elif not torch.isfinite(t).all():
-                    problem = f"{int((~torch.isfinite(t)).sum())} entries are NaN or infinite"
+                    problem = tr(
+                        "{k} entries are NaN or infinite",
+                        "check attention_from_bert",
+                        k=int((~torch.isfinite(t)).sum()),
+                    )
                 else:
-                    problem = f"max abs error {(t.double() - exp.double()).abs().max():.2e}"
-                return CheckResult(False, f"{NAME}: your {label} differ from BERT's ({problem}; {where})", call)
+                    problem = tr(
+                        "max abs error {error:.2e}",
+                        "check attention_from_bert",
+                        error=(t.double() - exp.double()).abs().max(),
+                    )
+                return CheckResult(
+                    False,
+                    tr(
+                        "{name}: your {label} differ from BERT's ({problem}; {where})",
+                        "check attention_from_bert",
+                        name=NAME,
+                        label=label,
+                        problem=problem,
+                        where=verdict(where, DETAILS),
+                    ),
+                    call,
+                )
     return CheckResult(True, f"{NAME}: correct on {len(cases)} cases ({'; '.join(c[-1] for c in cases)})")

@@ -7,6 +7,7 @@ import torch
 
 from .. import cache_schemes as _cs
 from .. import latent as _latent
+from ..i18n import tr
 from .framework import Case, CheckResult, mistakes, run_check, tensor_generator
 
 __all__ = ["sink_window_update", "gather_blocks", "mla_cache_bytes"]
@@ -119,7 +120,7 @@ def sink_window_update(fn) -> CheckResult:
         _run_from_empty(_reference_update),
         SINK_WINDOW_UPDATE_MISTAKES,
         arg_names=("window", "num_sinks", "steps"),
-        output_names=("kept positions after each step", "their keys"),
+        output_names=(tr("kept positions after each step", "label"), tr("their keys", "label")),
     )
 
 
@@ -240,4 +241,6 @@ def mla_cache_bytes(fn) -> CheckResult:
         ),
     ]
     mistakes_, names = MLA_CACHE_BYTES_MISTAKES, _MLA_ARGS[:4]
-    return run_check("mla_cache_bytes", fn, cases, _mla, mistakes_, arg_names=names, output_label="your answer")
+    return run_check(
+        "mla_cache_bytes", fn, cases, _mla, mistakes_, arg_names=names, output_label=tr("your answer", "label")
+    )

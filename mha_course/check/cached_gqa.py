@@ -15,6 +15,7 @@ import torch
 
 from ..gqa import GroupedQueryAttention, repeat_kv
 from ..heads import merge_heads, split_heads
+from ..i18n import tr
 from ..kv_cache import write_kv
 from ..masks import causal_mask
 from .framework import Case, CheckResult, mistakes, run_check, tensor_generator
@@ -137,5 +138,9 @@ def cached_gqa_attention(fn) -> CheckResult:
         _one_causal_pass,
         CACHED_GQA_ATTENTION_MISTAKES,
         arg_names=("x", "chunks", "max_length", "num_heads", "num_kv_heads"),
-        output_names=("decoded outputs", "key buffer after decoding", "value buffer after decoding"),
+        output_names=(
+            tr("decoded outputs", "label"),
+            tr("key buffer after decoding", "label"),
+            tr("value buffer after decoding", "label"),
+        ),
     )

@@ -15,9 +15,10 @@ import math
 
 import torch
 
+from ..i18n import tr, verdict
 from ..lessons import reorder_task
 from ..masks import causal_mask
-from .framework import Case, CheckResult, _one_line, mistakes, run_check, tensor_generator
+from .framework import VERDICTS, Case, CheckResult, _one_line, mistakes, run_check, tensor_generator
 
 __all__ = ["cross_attention"]
 
@@ -144,19 +145,38 @@ def cross_attention(fn) -> CheckResult:
         text = _one_line(f"{type(exc).__name__}: {exc}", 120)
         return CheckResult(
             False,
-            f"cross_attention: right on fixed inputs, but training through it raised {text}",
-            "training computes gradients through your function: no in-place writes to its inputs",
+            tr(
+                "cross_attention: right on fixed inputs, but training through it raised {error}",
+                "check cross_attention",
+                error=text,
+            ),
+            tr(
+                "training computes gradients through your function: no in-place writes to its inputs",
+                "check cross_attention",
+            ),
         )
     slots = learned.slots
     if learned.aligned == slots and learned.weight_on_target > MIN_WEIGHT:
         return CheckResult(
             True,
-            f"{result.message}; trained to reverse the source, every one of the {slots} target "
-            f"positions puts more than {MIN_WEIGHT:.0%} of its weight on its mirrored source position",
+            tr(
+                "{verdict}; trained to reverse the source, every one of the {slots} target "
+                "positions puts more than {weight:.0%} of its weight on its mirrored source position",
+                "check cross_attention",
+                verdict=verdict(result.message, VERDICTS),
+                slots=slots,
+                weight=MIN_WEIGHT,
+            ),
         )
     return CheckResult(
         False,
         f"cross_attention: likely mistake — {CROSS_ATTENTION_MISTAKES[-1].diagnosis}",
-        f"right on fixed inputs, but after training only {learned.aligned} of {slots} target positions "
-        f"attend most to their mirrored source position (token accuracy {learned.accuracy:.0%})",
+        tr(
+            "right on fixed inputs, but after training only {aligned} of {slots} target positions "
+            "attend most to their mirrored source position (token accuracy {accuracy:.0%})",
+            "check cross_attention",
+            aligned=learned.aligned,
+            slots=slots,
+            accuracy=learned.accuracy,
+        ),
     )

@@ -5,15 +5,34 @@ from __future__ import annotations
 import torch
 
 from .. import gqa as _gqa
+from ..i18n import translate
 from .framework import Case, CheckResult, Mistake, mistakes, run_check, tensor_generator
 
 __all__ = ["repeat_kv"]
 
 
-_WRONG_DIM = (
-    "repeated along dim {} ({}) instead of the head dim 1: the result is (B, h_kv·n_rep, L, d) — "
-    "use repeat_interleave(x, n_rep, dim=1)"
-)
+# English here (a mistake's diagnosis is made at import); the catalogue's "diagnosis repeat_kv …"
+# entries translate them when a verdict is shown
+_WRONG_DIM = {
+    "batch": translate(
+        "repeated along dim 0 (batch) instead of the head dim 1: the result is (B, h_kv·n_rep, L, d) — "
+        "use repeat_interleave(x, n_rep, dim=1)",
+        "diagnosis repeat_kv dim 0",
+        lang="en",
+    ),
+    "positions": translate(
+        "repeated along dim 2 (positions) instead of the head dim 1: the result is (B, h_kv·n_rep, L, d) — "
+        "use repeat_interleave(x, n_rep, dim=1)",
+        "diagnosis repeat_kv dim 2",
+        lang="en",
+    ),
+    "features": translate(
+        "repeated along dim 3 (features) instead of the head dim 1: the result is (B, h_kv·n_rep, L, d) — "
+        "use repeat_interleave(x, n_rep, dim=1)",
+        "diagnosis repeat_kv dim 3",
+        lang="en",
+    ),
+}
 REPEAT_KV_MISTAKES = mistakes(
     "repeat_kv",
     {
@@ -21,14 +40,14 @@ REPEAT_KV_MISTAKES = mistakes(
     },
 ) + [
     *(
-        Mistake(f"dim {dim}", lambda x, n, dim=dim: x.repeat_interleave(n, dim=dim), _WRONG_DIM.format(dim, what))
+        Mistake(f"dim {dim}", lambda x, n, dim=dim: x.repeat_interleave(n, dim=dim), _WRONG_DIM[what])
         for dim, what in ((0, "batch"), (2, "positions"), (3, "features"))
     ),
     *(
         Mistake(
             f"repeat dim {dim}",
             lambda x, n, dim=dim: x.repeat(*[n if i == dim else 1 for i in range(4)]),
-            _WRONG_DIM.format(dim, what),
+            _WRONG_DIM[what],
         )
         for dim, what in ((0, "batch"), (2, "positions"), (3, "features"))
     ),

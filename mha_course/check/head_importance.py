@@ -9,6 +9,7 @@ import torch
 
 from ..attention import scaled_dot_product_attention
 from ..heads import merge_heads, split_heads
+from ..i18n import tr
 from .framework import Case, CheckResult, mistakes, run_check, tensor_generator
 
 __all__ = ["gradient_importance"]
@@ -125,5 +126,5 @@ def gradient_importance(fn) -> CheckResult:
         _reference,
         GRADIENT_IMPORTANCE_MISTAKES,
         arg_names=("loss_fn", "batch_size", "num_heads"),
-        output_label="importance",
+        output_label=tr("importance", "label"),
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..gqa import GroupedQueryAttention
+from ..i18n import tr
 from ..kv_cache import KVCache
 from .framework import Case, CheckResult, mistakes, run_check, tensor_generator
 
@@ -153,5 +154,9 @@ def write_kv(fn) -> CheckResult:
         _full_recomputation,
         WRITE_KV_MISTAKES,
         arg_names=("x", "prompt_len", "max_length", "num_kv_heads"),
-        output_names=("decoded outputs", "key buffer after decoding", "returned views of the buffers"),
+        output_names=(
+            tr("decoded outputs", "label"),
+            tr("key buffer after decoding", "label"),
+            tr("returned views of the buffers", "label"),
+        ),
     )

@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .framework import Case, CheckResult, call_learner, mistakes, run_check, tensor_generator, type_name
+from ..i18n import tr, verdict
+from .framework import VERDICTS, Case, CheckResult, call_learner, mistakes, run_check, tensor_generator, type_name
 
 __all__ = ["multi_head_attention_layer"]
 
@@ -170,30 +171,71 @@ def _build(cls, weights):
     except TypeError as exc:
         if "bias" in str(exc) or "argument" in str(exc):
             raise _LayoutError(
-                f"MultiHeadAttention({d}, {h}, bias={bias}) raised TypeError: {exc} — the class takes "
-                "(d_model, num_heads, bias=True)"
+                tr(
+                    "MultiHeadAttention({d}, {h}, bias={bias}) raised TypeError: {exc} — the class takes "
+                    "(d_model, num_heads, bias=True)",
+                    "check multi_head_attention_layer",
+                    d=d,
+                    h=h,
+                    bias=bias,
+                    exc=exc,
+                )
             ) from exc
         raise
     if not isinstance(layer, nn.Module):
-        raise _LayoutError(f"MultiHeadAttention({d}, {h}) is {type_name(layer)}, not a torch.nn.Module")
+        raise _LayoutError(
+            tr(
+                "MultiHeadAttention({d}, {h}) is {what}, not a torch.nn.Module",
+                "check multi_head_attention_layer",
+                d=d,
+                h=h,
+                what=type_name(layer),
+            )
+        )
     (w_q, w_k, w_v, w_o), biases = weights.tensors()
     for name, w, b in zip(_PROJECTIONS, (w_q, w_k, w_v, w_o), biases, strict=True):
         proj = getattr(layer, name, None)
         if not isinstance(proj, nn.Linear):
-            raise _LayoutError(f"layer.{name} should be an nn.Linear, got {type_name(proj)}")
+            raise _LayoutError(
+                tr(
+                    "layer.{name} should be an nn.Linear, got {what}",
+                    "check multi_head_attention_layer",
+                    name=name,
+                    what=type_name(proj),
+                )
+            )
         if tuple(proj.weight.shape) != tuple(w.shape):
             raise _LayoutError(
-                f"layer.{name}.weight has shape {tuple(proj.weight.shape)}, expected {tuple(w.shape)} for d_model={d}"
+                tr(
+                    "layer.{name}.weight has shape {got}, expected {expected} for d_model={d}",
+                    "check multi_head_attention_layer",
+                    name=name,
+                    got=tuple(proj.weight.shape),
+                    expected=tuple(w.shape),
+                    d=d,
+                )
             )
         if bias and proj.bias is None:
             raise _LayoutError(
-                f"bias missing — MultiHeadAttention({d}, {h}, bias=True) built layer.{name} without a bias: "
-                "every projection, W_O included, has one when bias=True"
+                tr(
+                    "bias missing — MultiHeadAttention({d}, {h}, bias=True) built layer.{name} without a bias: "
+                    "every projection, W_O included, has one when bias=True",
+                    "check multi_head_attention_layer",
+                    d=d,
+                    h=h,
+                    name=name,
+                )
             )
         if not bias and proj.bias is not None:
             raise _LayoutError(
-                f"MultiHeadAttention({d}, {h}, bias=False) built layer.{name} with a bias: pass the bias "
-                "argument on to the projections"
+                tr(
+                    "MultiHeadAttention({d}, {h}, bias=False) built layer.{name} with a bias: pass the bias "
+                    "argument on to the projections",
+                    "check multi_head_attention_layer",
+                    d=d,
+                    h=h,
+                    name=name,
+                )
             )
         with torch.no_grad():
             proj.weight.copy_(w)
@@ -240,7 +282,15 @@ def multi_head_attention_layer(cls) -> CheckResult:
     broadcastable to (B, h, L, L), True = may attend. Compared with torch.nn.MultiheadAttention
     holding the same weights, then the leakage test with a causal mask."""
     if not isinstance(cls, type):
-        return CheckResult(False, f"{NAME}: expected your class MultiHeadAttention itself, got {type_name(cls)}")
+        return CheckResult(
+            False,
+            tr(
+                "{name}: expected your class MultiHeadAttention itself, got {what}",
+                "check multi_head_attention_layer",
+                name=NAME,
+                what=type_name(cls),
+            ),
+        )
     g = tensor_generator()
     cases = []
     for number, (d, h, bias, B, L, kind, lengths, text) in enumerate(_CASES):
@@ -249,7 +299,11 @@ def multi_head_attention_layer(cls) -> CheckResult:
     try:
         call_learner(_learner(cls), cases[0])
     except _LayoutError as exc:
-        return CheckResult(False, f"{NAME}: {exc}", f"case 1 of {len(cases)}: {cases[0].description}")
+        return CheckResult(
+            False,
+            tr("{name}: {problem}", "check multi_head_attention_layer", name=NAME, problem=exc),
+            f"case 1 of {len(cases)}: {cases[0].description}",
+        )
     except Exception:  # noqa: BLE001 - run_check reports it with the learner's line
         pass
     result = run_check(
@@ -264,17 +318,31 @@ def multi_head_attention_layer(cls) -> CheckResult:
     if not result.passed:
         if "_LayoutError" in result.message:  # a layout problem on a later case: say it plainly
             text = result.message.split("_LayoutError: ", 1)[1].rsplit(" (case", 1)[0]
-            return CheckResult(False, f"{NAME}: {text}", result.details)
+            return CheckResult(
+                False,
+                tr("{name}: {problem}", "check multi_head_attention_layer", name=NAME, problem=text),
+                result.details,
+            )
         return result
     worst = _leakage(cls)
     if worst > _LEAK_TOL:
         return CheckResult(
             False,
-            f"{NAME}: the leakage test fails — with a causal mask, noise added after position t moves "
-            f"an earlier output by {worst:.2e}: a query must never read a later key",
+            tr(
+                "{name}: the leakage test fails — with a causal mask, noise added after position t moves "
+                "an earlier output by {worst:.2e}: a query must never read a later key",
+                "check multi_head_attention_layer",
+                name=NAME,
+                worst=worst,
+            ),
         )
     return CheckResult(
         True,
-        f"{result.message.removesuffix(')')}); the leakage test on your layer with a causal mask: "
-        f"noise after position t moves no output at or before t (largest change {worst:.1e})",
+        tr(
+            "{verdict}); the leakage test on your layer with a causal mask: "
+            "noise after position t moves no output at or before t (largest change {worst:.1e})",
+            "check multi_head_attention_layer",
+            verdict=verdict(result.message, VERDICTS).removesuffix(")").removesuffix("）"),
+            worst=worst,
+        ),
     )

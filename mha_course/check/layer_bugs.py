@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from ..i18n import tr
 from ..multihead import MultiHeadAttention
 from .framework import CheckResult, Mistake, diagnoses, learner_raised, tensor_generator, type_name
 
@@ -104,23 +105,49 @@ def find_bug(fn) -> CheckResult:
         if given not in LABELS:
             return CheckResult(
                 False,
-                f"{NAME}: return one of {', '.join(repr(x) for x in LABELS)}; got {type_name(given)} {given!r}"[:300],
+                tr(
+                    "{name}: return one of {labels}; got {what} {given!r}",
+                    "check find_bug",
+                    name=NAME,
+                    labels=", ".join(repr(x) for x in LABELS),
+                    what=type_name(given),
+                    given=given,
+                )[:300],
                 where,
             )
         answers.append((label, given))
     if all(e == g for e, g in answers):
         return CheckResult(
-            True, f"{NAME}: all {len(cases)} layers named right (a healthy one and four bugs, two sizes)"
+            True,
+            tr(
+                "{name}: all {n} layers named right (a healthy one and four bugs, two sizes)",
+                "check find_bug",
+                name=NAME,
+                n=len(cases),
+            ),
         )
     first = next(i for i, (e, g) in enumerate(answers) if e != g)
     details = "\n".join(
-        f"case {i + 1}: a layer with {e!r} — you said {g!r}" for i, (e, g) in enumerate(answers) if e != g
+        tr("case {i}: a layer with {expected!r} — you said {given!r}", "check find_bug", i=i + 1, expected=e, given=g)
+        for i, (e, g) in enumerate(answers)
+        if e != g
     )
     mistake = _name_mistake(answers)
     if mistake:
         return CheckResult(False, f"{NAME}: likely mistake — {diagnoses(NAME)[mistake]}", details)
     expected, given = answers[first]
-    return CheckResult(False, f"{NAME}: the layer of case {first + 1} has {expected!r}, you said {given!r}", details)
+    return CheckResult(
+        False,
+        tr(
+            "{name}: the layer of case {i} has {expected!r}, you said {given!r}",
+            "check find_bug",
+            name=NAME,
+            i=first + 1,
+            expected=expected,
+            given=given,
+        ),
+        details,
+    )
 
 
 def _wrong(*, order=("nan", "leak", "uniform", "identical heads"), threshold=0.99, empty_row=True, masked=True):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..gqa import GroupedQueryAttention
+from ..i18n import tr
 from ..masks import causal_mask
 from ..multihead import MultiHeadAttention
 from .framework import Case, CheckResult, mistakes, run_check, tensor_generator
@@ -145,5 +146,5 @@ def leaks_future(fn) -> CheckResult:
         _known,
         LEAKS_FUTURE_MISTAKES,
         arg_names=("layer", "x"),
-        output_label="your verdict (True = leaks)",
+        output_label=tr("your verdict (True = leaks)", "label"),
     )

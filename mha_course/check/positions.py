@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import positions as _P
+from ..i18n import tr
 from .framework import Case, CheckResult, mistakes, run_check, tensor_generator
 
 __all__ = ["apply_rope", "llama3_frequencies", "rope_step"]
@@ -183,7 +184,7 @@ def llama3_frequencies(fn) -> CheckResult:
         _llama3,
         LLAMA3_FREQUENCIES_MISTAKES,
         arg_names=("freqs", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
-        output_label="frequencies",
+        output_label=tr("frequencies", "label"),
         atol=0.0,
         rtol=1e-5,
     )

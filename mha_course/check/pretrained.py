@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..i18n import tr
 from ..lessons.pretrained import next_token_score
 from ..lessons.pretrained import previous_token_score as _reference
 from .framework import Case, mistakes, run_check, tensor_generator
@@ -55,5 +56,5 @@ def previous_token_score(fn):
         reference=_reference,
         mistakes=PREVIOUS_TOKEN_SCORE_MISTAKES,
         arg_names=("attn",),
-        output_label="score",
+        output_label=tr("score", "label"),
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..i18n import tr
 from ..sparse import topk_mask as _topk_mask
 from .framework import Case, CheckResult, mistakes, run_check, tensor_generator
 
@@ -67,7 +68,7 @@ def topk_mask(fn) -> CheckResult:
         _topk_mask,
         TOPK_MASK_MISTAKES,
         arg_names=("index_scores", "top_k", "mask"),
-        output_label="selection",
+        output_label=tr("selection", "label"),
     )
 
 
@@ -137,5 +138,5 @@ def delta_rule_update(fn) -> CheckResult:
         _reference,
         DELTA_RULE_UPDATE_MISTAKES,
         arg_names=("state", "k", "v", "g", "beta"),
-        output_label="new state",
+        output_label=tr("new state", "label"),
     )

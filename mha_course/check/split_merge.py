@@ -15,6 +15,7 @@ import torch
 
 from ..attention import scaled_dot_product_attention
 from ..heads import merge_heads, split_heads
+from ..i18n import tr
 from .framework import Case, CheckResult, mistakes, run_check, tensor_generator
 
 __all__ = ["attend_in_heads"]
@@ -98,5 +99,10 @@ def attend_in_heads(fn) -> CheckResult:
     )
     wrong_length = "raised RuntimeError" in result.message and "invalid for input of size" in result.message
     if wrong_length and ("Lk=" in result.message or "Lq > Lk" in result.message):
-        return CheckResult(False, f"attend_in_heads: likely mistake — {WRONG_LENGTH}", result.details)
+        diagnosis = tr(
+            "the split of k and v uses the queries' length: k and v have Lk positions, which may differ from Lq — "
+            "take each tensor's own length (or let view infer it with -1)",
+            "diagnosis attend_in_heads wrong length",
+        )
+        return CheckResult(False, f"attend_in_heads: likely mistake — {diagnosis}", result.details)
     return result

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from .. import cache_schemes as _cs
+from ..i18n import tr
 from .framework import Case, CheckResult, mistakes, run_check, tensor_generator
 
 __all__ = ["sink_softmax", "cache_positions"]
@@ -125,5 +126,5 @@ def cache_positions(fn) -> CheckResult:
         _cs.cache_positions,
         CACHE_POSITIONS_MISTAKES,
         arg_names=("positions",),
-        output_label="positions within the cache",
+        output_label=tr("positions within the cache", "label"),
     )

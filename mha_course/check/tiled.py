@@ -9,10 +9,11 @@ import torch
 
 from .. import validation
 from ..attention import scaled_dot_product_attention as _full_attention
+from ..i18n import tr, verdict
 from ..kit.memory import peak_memory
 from ..tiled import online_softmax_update as _reference
 from ..tiled import tiled_attention as _tiled_reference
-from .framework import Case, CheckResult, mistakes, run_check, tensor_generator
+from .framework import VERDICTS, Case, CheckResult, mistakes, run_check, tensor_generator
 
 __all__ = ["online_softmax_update", "tiled_attention"]
 
@@ -255,13 +256,36 @@ def tiled_attention(fn) -> CheckResult:
     try:
         too_much, peak, scores = _holds_score_matrix(fn)
     except Exception as exc:  # noqa: BLE001 - report, never raise
-        return CheckResult(False, f"tiled_attention: raised {type(exc).__name__} at L = {_PROBE_L}: {exc}")
+        return CheckResult(
+            False,
+            tr(
+                "tiled_attention: raised {error} at L = {L}: {exc}",
+                "check tiled_attention",
+                error=type(exc).__name__,
+                L=_PROBE_L,
+                exc=exc,
+            ),
+        )
     if too_much:
         diagnosis = next(m.diagnosis for m in TILED_ATTENTION_MISTAKES if m.name == "materialises the score matrix")
         return CheckResult(
             False,
             f"tiled_attention: likely mistake — {diagnosis}",
-            f"L = {_PROBE_L}, block_size = {_PROBE_BLOCK}: peak {peak / 2**10:,.0f} KiB, "
-            f"one score matrix {scores / 2**10:,.0f} KiB",
+            tr(
+                "L = {L}, block_size = {block}: peak {peak:,.0f} KiB, one score matrix {scores:,.0f} KiB",
+                "check tiled_attention",
+                L=_PROBE_L,
+                block=_PROBE_BLOCK,
+                peak=peak / 2**10,
+                scores=scores / 2**10,
+            ),
         )
-    return CheckResult(True, result.message + f"; at L = {_PROBE_L} it never held the {_PROBE_L} × {_PROBE_L} scores")
+    return CheckResult(
+        True,
+        tr(
+            "{verdict}; at L = {L} it never held the {L} × {L} scores",
+            "check tiled_attention",
+            verdict=verdict(result.message, VERDICTS),
+            L=_PROBE_L,
+        ),
+    )

@@ -12,6 +12,7 @@ import warnings
 
 import torch
 
+from ..i18n import tr
 from ..masks import causal_mask, padding_mask, sliding_window_mask
 from ..multihead import MultiHeadAttention
 from .framework import Case, CheckResult, mistakes, run_check, tensor_generator
@@ -89,5 +90,5 @@ def to_torch_masks(fn) -> CheckResult:
         _course,
         TO_TORCH_MASKS_MISTAKES,
         arg_names=("x", "mask", "pad"),
-        output_label="nn.MultiheadAttention's output with your masks",
+        output_label=tr("nn.MultiheadAttention's output with your masks", "label"),
     )

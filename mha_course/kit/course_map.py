@@ -136,6 +136,7 @@ GLOSSARY: list[tuple[str, str, str]] = [
     ("attention weights", "注意力权重", "the softmax output: each row sums to 1"),
     ("softmax", "softmax（归一化指数函数）", "turns scores into positive weights that sum to 1"),
     ("mask", "掩码", "which query–key pairs may attend"),
+    ("may attend", "可以关注", "a mask's True: the query may read that key"),
     ("padding mask", "填充掩码", "hides padding tokens added to make sequences the same length"),
     ("causal mask", "因果掩码", "hides the future: position i sees only positions ≤ i"),
     ("cross-attention", "交叉注意力", "queries from one sequence, keys/values from another"),

@@ -359,6 +359,13 @@ def ring_barrier_then_receives_first(q, k, v):  # what the rehearsal cannot foll
     return ring_receives_first(q, k, v)
 
 
+def ring_and_a_send_nobody_receives(q, k, v):  # right results, but a message is left over
+    out, lse = ring_isend(q, k, v)
+    if dist.get_rank() == 0:
+        dist.isend(torch.zeros(3), 1)
+    return out, lse
+
+
 def ring_todo(q, k, v):
     raise NotImplementedError("Exercise 14.3: your code here")
 
@@ -404,7 +411,7 @@ def test_ring_steps_not_attempted_raising_and_unshippable():
 
 
 def _no_ranks(*args, **kwargs):
-    raise AssertionError("the check started real ranks")
+    raise AssertionError("the check ran the real ranks")
 
 
 @pytest.mark.parametrize(
@@ -420,10 +427,10 @@ def _no_ranks(*args, **kwargs):
 )
 def test_a_wrong_neighbour_is_named_before_any_rank_starts(monkeypatch, fn, detail):
     """The rehearsal in one process names a wrong neighbour or a deadlock at once: no real rank is
-    started, and no hang is waited out."""
+    asked, and no hang is waited out."""
     from mha_course.check import distributed as checks
 
-    monkeypatch.setattr(checks, "Ranks", _no_ranks)
+    monkeypatch.setattr(checks, "_check_ring_on", _no_ranks)
     result = mc.check.ring_steps(fn)
     assert not result.passed and "likely mistake — wrong neighbour" in result.message, result
     assert detail is None or detail in result.details, result
@@ -462,3 +469,24 @@ def test_the_rehearsal_leaves_torch_distributed_as_it_was():
         assert not mc.check.ring_steps(fn).passed
     assert {name: getattr(dist, name) for name in before} == before
     assert not dist.is_initialized()
+
+
+def _pids(P):
+    from mha_course.check import distributed as checks
+
+    ranks = checks._POOL.get(P)
+    return None if ranks is None else [proc.pid for proc in ranks._procs]
+
+
+def test_the_ranks_serve_the_next_check_only_when_left_clean():
+    """One start of the ranks serves many checks, but only while every send met its receive: a
+    message left over could be received by the next check's ring and make a right ring look wrong."""
+    assert mc.check.ring_steps(ring_isend).passed
+    kept = _pids(2), _pids(3)
+    assert None not in kept
+    assert mc.check.ring_steps(ring_p_steps).message.startswith("ring_steps: likely mistake — one step too many")
+    assert (_pids(2), _pids(3)) == kept  # the same processes ran the second check
+    assert mc.check.ring_steps(ring_and_a_send_nobody_receives).passed  # the results are right ...
+    assert _pids(2) is None  # ... but those ranks are not used again
+    assert mc.check.ring_steps(ring_isend).passed
+    assert _pids(2) not in (None, kept[0])

@@ -4,6 +4,7 @@ ring's steps themselves, run on real ranks."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
 import threading
@@ -527,6 +528,53 @@ def _ring_case(P):
     return [torch.randn(1, 2, 4 * P, 8, generator=g, dtype=torch.float64) * 1.5 for _ in range(3)]
 
 
+#: world size -> ranks a check left clean, kept for the next check (one start per size, not per check)
+_POOL: dict[int, Ranks] = {}
+
+
+def _ranks(P):
+    """P started ranks: those the last check left clean, else new ones."""
+    ranks = _POOL.pop(P, None)
+    if ranks is not None and ranks._procs and all(proc.is_alive() for proc in ranks._procs):
+        return ranks
+    if ranks is not None:
+        ranks.close(wait=False)
+    return Ranks(P, timeout=60.0)
+
+
+def _balanced(results):
+    """Whether every send the ranks posted met its receive (counted per pair of ranks), so that no
+    message is left over for the next job to receive by mistake."""
+    sends, recvs = {}, {}
+    for r, (status, _, ops) in enumerate(results):
+        if status not in ("ok", "todo"):
+            return False
+        for op, peer in ops:
+            if peer is None:
+                return False
+            pair = (r, peer) if op.endswith("send") else (peer, r)
+            table = sends if op.endswith("send") else recvs
+            table[pair] = table.get(pair, 0) + 1
+    return sends == recvs
+
+
+def _keep_or_close(ranks, results):
+    """Keep the ranks for the next check if this job left them clean; else stop them."""
+    if _balanced(results):
+        old = _POOL.pop(ranks.world_size, None)
+        if old is not None and old is not ranks:
+            old.close(wait=False)
+        _POOL[ranks.world_size] = ranks
+    else:
+        ranks.close(wait=False)
+
+
+@atexit.register
+def _close_pool():
+    while _POOL:
+        _POOL.popitem()[1].close()
+
+
 def _where(P):
     return f"on {P} ranks, q, k, v (1, 2, {4 * P}, 8) float64, {4} positions per rank"
 
@@ -536,9 +584,10 @@ def _check_ring_on(fn, P, first):
     q, k, v = _ring_case(P)
     where = _where(P)
     try:
-        with Ranks(P, timeout=60.0) as ranks:
-            ranks.timeout = RING_HANG_S  # the run itself: tiny blocks, a hang is a mistake
-            results = ranks.run(_ring_steps_rank, fn, q, k, v)
+        ranks = _ranks(P)
+        ranks.timeout = RING_HANG_S  # the run itself: tiny blocks, a hang is a mistake
+        results = ranks.run(_ring_steps_rank, fn, q, k, v)  # a hang or a failure stops the ranks
+        _keep_or_close(ranks, results)
     except TimeoutError:
         return CheckResult(
             False,

@@ -461,18 +461,24 @@ def _rehearsal_verdict(fn, q, k, v, P, first, where):
     if stuck is not None:  # found at once, without waiting out a hang of the real ranks
         wrong = [(r, _wrong_neighbour(ops[r], r, P)) for r in range(P)]
         r, said = next(((r, said) for r, said in wrong if said is not None), (None, None))
-        if said is None:
-            r, message = min(stuck.items())
-            said = (
-                f"waited for rank {message.peer} to receive its block"
-                if message.name.endswith("send")
-                else f"waited for a block from rank {message.peer}"
+        if said is not None:
+            said = said.replace("received from rank", "waited for a block from rank")
+            words = f"rank {r} {said}, and then every rank waited for another"
+        elif len(stuck) == P and len({m.name for m in stuck.values()}) == 1:  # the same blocking call first
+            first, then = (
+                ("receive", "sent") if next(iter(stuck.values())).name.endswith("recv") else ("send", "received")
             )
+            words = (
+                f"every rank waited to {first} before any rank {then}: start the send and the receive together "
+                f"(isend, irecv), then wait for both"
+            )
+        else:
+            r, message = min(stuck.items())
+            words = f"rank {r} waited for rank {message.peer}, and then every rank waited for another"
         return CheckResult(
             False,
             f"{name}: likely mistake — {_RING_WORDS['hang']} ({where})",
-            f"rank {r} {said}, and then every rank waited for another; a send to rank + 1 is only "
-            f"received if rank + 1 receives from rank",
+            f"{words}; a send to rank + 1 is only received if rank + 1 receives from rank",
         )
     for r in range(P):
         said = _wrong_neighbour(ops[r], r, P)
@@ -656,7 +662,8 @@ def ring_steps(fn) -> CheckResult:
     to rank (r + 1) % P, receives the next from (r − 1) % P, waits, and folds the arriving block into
     its running (out, lse) — attention of its queries over every key, and the log-sum-exp of the
     scores. ``fn`` may be a function of a notebook cell (it travels to the ranks by its source) or
-    ``"module:function"``."""
+    ``"module:function"``. A rehearsal in this process (the ranks as threads) names a wrong neighbour
+    or ranks that wait for each other at once, before the real ranks run."""
     name = "ring_steps"
     if not callable(fn) and not isinstance(fn, str):
         return CheckResult(False, f"{name}: expected your function, got {type_name(fn)} — pass the function itself")

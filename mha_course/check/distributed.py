@@ -452,7 +452,7 @@ def _wrong_neighbour(ops, r, P):
 
 
 def _rehearsal_verdict(fn, q, k, v, P, first, where):
-    """What the rehearsal on P ranks already shows: a CheckResult, "todo", or None (run the ranks)."""
+    """What the rehearsal on P ranks already shows, as a CheckResult; None: the real ranks decide."""
     rehearsal = _rehearse(fn, q, k, v, P)
     if rehearsal is None:
         return None
@@ -465,11 +465,11 @@ def _rehearsal_verdict(fn, q, k, v, P, first, where):
             said = said.replace("received from rank", "waited for a block from rank")
             words = f"rank {r} {said}, and then every rank waited for another"
         elif len(stuck) == P and len({m.name for m in stuck.values()}) == 1:  # the same blocking call first
-            first, then = (
+            waited, then = (
                 ("receive", "sent") if next(iter(stuck.values())).name.endswith("recv") else ("send", "received")
             )
             words = (
-                f"every rank waited to {first} before any rank {then}: start the send and the receive together "
+                f"every rank waited to {waited} before any rank {then}: start the send and the receive together "
                 f"(isend, irecv), then wait for both"
             )
         else:

@@ -366,6 +366,11 @@ def ring_and_a_send_nobody_receives(q, k, v):  # right results, but a message is
     return out, lse
 
 
+def ring_that_prints(q, k, v):
+    print(f"rank {dist.get_rank()} starts")
+    return ring_isend(q, k, v)
+
+
 def ring_todo(q, k, v):
     raise NotImplementedError("Exercise 14.3: your code here")
 
@@ -488,3 +493,9 @@ def test_the_ranks_serve_the_next_check_only_when_left_clean():
     assert (_pids(2), _pids(3)) == kept  # the same processes ran the second check
     assert mc.check.ring_steps(ring_and_a_send_nobody_receives).passed  # the results are right ...
     assert _pids(2) is None and _pids(3) is None  # ... but those ranks are not used again
+
+
+def test_what_the_rehearsal_prints_is_not_the_checks_output(capsys):
+    result = mc.check.ring_steps(ring_that_prints)
+    assert result.passed, result
+    assert "starts" not in capsys.readouterr().out  # the ranks' threads printed into the rehearsal's sink

@@ -77,6 +77,10 @@ def test_readme_generated_blocks_are_current():
     assert (ROOT / "README.md").read_text(encoding="utf-8") == notebook_tools.readme_text(), (
         "README.md is stale: run `python -m authoring sync`"
     )
+    assert (ROOT / "README.zh-CN.md").read_text(encoding="utf-8") == notebook_tools.readme_zh_text(), (
+        "README.zh-CN.md is stale: run `python -m authoring sync`"
+    )
+    assert mc.language() == "en", "making the Chinese map leaves the course in English"
 
 
 def test_course_map_lists_every_notebook():

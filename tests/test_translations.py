@@ -89,8 +89,24 @@ def test_a_changed_english_sentence_fails_the_check_with_that_cells_name(tmp_pat
         nbformat.from_dict({"cell_type": "markdown", "source": old, "metadata": {}})
     )
     assert entry.msgstr, "the old translation stays, as a suggestion"
-    found = translate.problems("05", sources, locale=locale)
+    found = [p for p in translate.problems("05", sources, locale=locale) if ".mo:" not in p]  # (no .mo copied)
     assert len(found) == 1 and "fuzzy" in found[0]
+
+
+def test_a_stale_compiled_catalogue_is_named(tmp_path):
+    """The package reads the .mo: a .po edited without --update fails the check."""
+    locale = tmp_path / "locale"
+    (locale / "LC_MESSAGES").mkdir(parents=True)
+    shutil.copy(translate.po_path("03"), locale / "03.po")
+    shutil.copy(translate.mo_path("03"), locale / "LC_MESSAGES" / "03.mo")
+    sources = CATALOGUES["03"]
+    assert translate.problems("03", sources, locale=locale) == []
+    po = polib.pofile(str(locale / "03.po"))
+    po[0].msgstr += "。"
+    po.save()
+    assert [p for p in translate.problems("03", sources, locale=locale)] == [
+        "03.mo: not compiled from 03.po as it stands (run --update)"
+    ]
 
 
 def test_a_new_cell_is_a_new_empty_entry(tmp_path):

@@ -128,6 +128,8 @@ def test_search_finds_a_course_term_offline(term, found, server, offline_page, s
     page.goto(f"{server}/search.html?q={term}", wait_until="load", timeout=TIMEOUT_MS)
     results = page.locator("ul.search li")
     results.first.wait_for(timeout=TIMEOUT_MS)
+    # the results are listed one by one: read them once the search says it has finished
+    page.locator("p.search-summary", has_text="Search finished").wait_for(timeout=TIMEOUT_MS)
     page.screenshot(path=site_screenshots / f"search-{'zh' if '/zh/' in found else term}.png")
     links = [a.get_attribute("href") for a in page.locator("ul.search li a").all()]
     assert any(found in (h or "") for h in links), links

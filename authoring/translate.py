@@ -472,16 +472,14 @@ def protected(text: str) -> dict[str, list[str]]:
     return {k: sorted(v) for k, v in out.items()}
 
 
-def rendered(text: str) -> list[str] | None:
+def rendered(text: str) -> list[str]:
     """What CommonMark (markdown-it, as Jupyter renders) makes of ``text``: the counts of headings by
-    level, list items, table rows, blockquotes, code blocks, links, bold and italic spans — or None
-    without markdown-it. A ``**`` closed right after full-width punctuation and before a Chinese
-    character is not bold in CommonMark: its count shows it."""
-    try:
-        from markdown_it import MarkdownIt
-    except ImportError:  # pragma: no cover - markdown-it-py is in requirements.txt
-        return None
+    level, list items, table rows, blockquotes, code blocks, links, bold and italic spans. A ``**``
+    closed right after full-width punctuation and before a Chinese character is not bold in
+    CommonMark: its count shows it."""
     import collections
+
+    from markdown_it import MarkdownIt
 
     counts: collections.Counter = collections.Counter()
     text = re.sub(r"<!--.*?-->", "", text, flags=re.S)  # an authors' comment opens an HTML block
@@ -498,23 +496,12 @@ def rendered(text: str) -> list[str] | None:
 
 def structure(text: str) -> list[str]:
     """A Markdown text's skeleton: heading levels with their numbers ("## 3."), and what CommonMark
-    renders (:func:`rendered`; without markdown-it: table rows, list items, quoted lines)."""
+    renders (:func:`rendered`)."""
     body = _FENCE.sub("", text)
     numbers = []
     for m in _HEADING.finditer(body):
         numbers.append(f"{m.group(1)} {m.group(2)}".strip() if re.match(r"^[\d.]+$", m.group(2)) else m.group(1))
-    shape = rendered(text)
-    if shape is not None:
-        return numbers + shape
-    lines = body.splitlines()
-    heads = []
-    for m in _HEADING.finditer(body):
-        number = m.group(2) if re.match(r"^[\d.]+$", m.group(2)) else ""
-        heads.append(f"{m.group(1)} {number}".strip())
-    tables = sum(1 for line in lines if line.lstrip().startswith("|"))
-    items = sum(1 for line in lines if re.match(r"^\s*(?:[-*+]|\d+\.)\s+", line))
-    quotes = sum(1 for line in lines if line.lstrip().startswith(">"))
-    return heads + [f"{tables} table rows", f"{items} list items", f"{quotes} quoted lines"]
+    return numbers + rendered(text)
 
 
 def _diff_lists(a: list[str], b: list[str]) -> tuple[list[str], list[str]]:
@@ -706,15 +693,6 @@ def zh_notebook(path: Path):
     twin.metadata.setdefault("language_info", {})
     twin.metadata["mha_course"] = {"language": LANG, "source": f"notebooks/{path.name}"}
     return twin
-
-
-def english_badge_layout_ok(path: Path) -> bool:
-    """The English title cell has its badge on the line after the title (the layout zh_notebook keeps)."""
-    import nbformat
-
-    nb = nbformat.read(path, as_version=4)
-    first = notebook_tools._source(next(c for c in nb.cells if c.cell_type == "markdown"))
-    return bool(notebook_tools.BADGE_RE.search(first.split("\n\n", 2)[1] if "\n\n" in first else ""))
 
 
 def build(keys: Iterable[str] | None = None) -> list[Path]:

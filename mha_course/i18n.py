@@ -145,8 +145,6 @@ def verdict(message: str, templates: tuple[str, ...], *, lang: str | None = None
                 values[field] = verdict(value, DETAILS, lang=lang) if value != message else value
             elif field == "label":
                 values[field] = translate(value, "label", lang=lang)
-            elif field == "cases":
-                values[field] = value
         return target.format(**values)
     return _by_text(lang, "").get(message, message)
 

@@ -38,6 +38,18 @@ def site_dir(tmp_path_factory) -> Path:
         return site.build(tmp_path_factory.mktemp("site") / "_site")
 
 
+@pytest.fixture(scope="module")
+def ranks():
+    """Real gloo ranks for a test module's distributed tests: a group of 2 and a group of 4 (each
+    started once per module, closed after it); a test runs its function with ``ranks[P].run(...)``."""
+    from mha_course import distributed as md
+
+    groups = {P: md.Ranks(P, timeout=60.0) for P in (2, 4)}
+    yield groups
+    for group in groups.values():
+        group.close()
+
+
 @pytest.fixture(autouse=True)
 def _english_after_each_test():
     """A test that switches the course to Chinese (mc.set_language, a Chinese setup cell) leaves

@@ -16,14 +16,6 @@ from mha_course.tiled import merge_partials
 TIMEOUT = 60.0
 
 
-@pytest.fixture(scope="module")
-def ranks():
-    groups = {P: md.Ranks(P, timeout=TIMEOUT) for P in (2, 4)}
-    yield groups
-    for group in groups.values():
-        group.close()
-
-
 def _tol(dtype):
     return 1e-12 if dtype == torch.float64 else 1e-5
 

@@ -12,16 +12,7 @@ import mha_course as mc
 from mha_course import distributed as md
 from mha_course.distributed.tensor_parallel import _rows
 
-TIMEOUT = 60.0
 F64 = torch.float64
-
-
-@pytest.fixture(scope="module")
-def ranks():
-    groups = {P: md.Ranks(P, timeout=TIMEOUT) for P in (2, 4)}
-    yield groups
-    for group in groups.values():
-        group.close()
 
 
 def _gen(seed):

@@ -457,6 +457,7 @@ def _comparable(cell) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.executes_notebooks
 @pytest.mark.parametrize(
     "path", [STUDENT / p.name for p in SOLUTIONS] + [STUDENT_ZH / p.name for p in ZH_SOLUTIONS], ids=_id
 )

@@ -233,6 +233,7 @@ def drive_in_subprocess(path: Path, tmp: Path) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.executes_notebooks
 @pytest.mark.parametrize("path", EXPLORER_NOTEBOOKS, ids=lambda p: p.stem)
 def test_explorers_redraw_on_every_control(path, tmp_path):
     result = drive_in_subprocess(path, tmp_path)

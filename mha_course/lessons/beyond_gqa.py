@@ -20,6 +20,7 @@ from ..block import Encoder
 from ..cache_schemes import sink_window_mask
 from ..configs import LATENT_MODEL_CONFIGS, MODEL_CONFIGS, WINDOWED_MODEL_CONFIGS, ModelConfig
 from ..gqa import GroupedQueryAttention
+from ..kit.run_cache import advance, cached_run
 from .tiny_training import fixed_threads
 
 GIB, KIB = 2**30, 2**10
@@ -161,6 +162,7 @@ class TinyLM(nn.Module):
         return self.head(self.norm(x))  # (B, L, V)
 
 
+@cached_run(ignore=("progress",), seeds_itself=True, replay=lambda a: advance(a["progress"], a["steps"]))
 def train_tiny_lm(
     *,
     seed: int = 0,

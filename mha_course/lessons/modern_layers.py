@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
+from ..kit.run_cache import advance, cached_run
 from .beyond_gqa import TinyLM, markov_table, sample_sequences
 from .tiny_training import fixed_threads
 
@@ -34,6 +35,7 @@ def _row_stats(weights: torch.Tensor) -> tuple[float, float]:
     return (top - bottom)[..., 1:].max().item(), entropy[..., 1:].mean().item()
 
 
+@cached_run(ignore=("progress",), seeds_itself=True, replay=lambda a: advance(a["progress"], a["steps"]))
 def train(
     *,
     seed: int = 0,

@@ -41,6 +41,7 @@ from torch import nn
 
 from .. import positions as P
 from ..kit.progress import progress_bar
+from ..kit.run_cache import advance, cached_run
 from .tiny_training import fixed_threads as single_thread
 
 METHODS = ("RoPE", "interpolation", "YaRN", "ALiBi")
@@ -115,6 +116,7 @@ class RetrievalModel(nn.Module):
         return self.readout(x_q + out)[:, 0]  # (B, num_values)
 
 
+@cached_run(ignore=("progress",), seeds_itself=True, replay=lambda a: advance(a["progress"], a["s"].steps))
 def train(scheme: str, s: Setup, seed: int, *, progress=None) -> RetrievalModel:
     """Train one model at ``s.train_length`` (float64, one thread, Adam, fresh batches)."""
     with single_thread():
@@ -252,6 +254,7 @@ def _local_loss_terms(model, tokens, **kw):
     return logits, tokens[:, :-1]  # the answers: one position back
 
 
+@cached_run(ignore=("progress",), seeds_itself=True, replay=lambda a: advance(a["progress"], a["s"].steps))
 def train_local(s: LocalSetup, seed: int, *, progress=None) -> LocalOrderModel:
     """Train one model at ``s.train_length`` with plain RoPE (float64, one thread, Adam)."""
     with single_thread():

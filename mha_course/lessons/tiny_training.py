@@ -30,6 +30,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..kit.progress import progress_bar
+from ..kit.run_cache import cached_run
 from ..multihead import MultiHeadAttention
 from .relation_task import TwoRelationTask
 
@@ -126,6 +127,17 @@ def attention_weights(model: TinyAttentionModel, batch) -> torch.Tensor:
         return model(batch.keys, batch.values, need_weights=True)[1]
 
 
+def _replay_bar(arguments: dict) -> None:
+    """What ``train`` shows of a run whose stored result is reused: its bar, full (run_cache)."""
+    progress, steps = arguments["progress"], arguments["steps"]
+    if progress is True:
+        with progress_bar(total=steps, desc=f"h={arguments['num_heads']}, seed {arguments['seed']}") as bar:
+            bar.update(steps)
+    elif progress is not False:
+        progress.update(steps)
+
+
+@cached_run(ignore=("progress",), seeds_itself=True, replay=_replay_bar)
 def train(
     task: TwoRelationTask,
     num_heads: int,

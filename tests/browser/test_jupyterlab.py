@@ -187,6 +187,7 @@ def open_and_run_all(page, lab, name: str, nb: Notebook) -> None:
 # --- the tests --------------------------------------------------------------------------------------
 
 
+@pytest.mark.executes_notebooks
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_and_its_widgets_work(path, lab, browser, screenshots):
     from playwright.sync_api import expect

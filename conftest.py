@@ -40,25 +40,30 @@ if run_cache.ENV not in os.environ:
 NBVAL_OUTPUT_TIMEOUT_S = 60
 
 
-# How xdist shares the suite between its workers (--dist loadgroup, in pyproject.toml). A scope
-# (one xdist_group) runs on one worker from start to end: a test file's tests by default, so its
-# module fixtures (gloo ranks) start once; a notebook's nbval cells, which share one kernel; the
-# website's two test files, which share one build. Each run of a whole notebook outside nbval
-# (tests marked executes_notebooks, except the browser's, which share one JupyterLab) is a scope
-# of its own, so those long runs spread over both workers.
+# How xdist shares the suite between its workers (--dist loadscope, in pyproject.toml, with the
+# scheduler below). A scope runs on one worker from start to end: a test file's tests by default,
+# so that its module fixtures (gloo ranks) start once; a notebook's nbval cells, which share one
+# kernel; the website's two test files, which share one build. Each run of a whole notebook outside
+# nbval (tests marked executes_notebooks, except the browser's, which share one JupyterLab) is a
+# scope of its own, so those long runs spread over both workers.
 SHARED_SCOPES = {"tests/test_site.py": "site", "tests/browser/test_site_in_browser.py": "site"}
+#: (file, test function): each of its parametrized runs is a scope of its own
+SPREAD = {
+    ("tests/test_student_edition.py", "test_student_notebook_runs_top_to_bottom"),
+    ("tests/test_widgets_compat.py", "test_explorers_redraw_on_every_control"),
+}
 
 
-def _scope(item) -> str | None:
-    """The item's xdist group; None: the item is a scope of its own."""
-    path = item.nodeid.split("::")[0]
-    if item.get_closest_marker("executes_notebooks") and not item.get_closest_marker("browser"):
-        return None
+def scope_of(nodeid: str) -> str:
+    """The xdist scope of a test id (the scheduler sees ids only, not marks)."""
+    path, _, rest = nodeid.partition("::")
+    if (path, rest.split("[")[0]) in SPREAD:
+        return nodeid
     return SHARED_SCOPES.get(path, path)
 
 
 def _tier(item) -> int:
-    """Scopes start in this order (xdist keeps the collection's order, --no-loadscope-reorder):
+    """Scopes start in this order (the scheduler keeps the collection's order):
     0. the English notebooks under nbval: the first execution of each notebook, which computes
        the training runs the later ones reuse (mha_course.kit.run_cache);
     1. the long single scopes (JupyterLab in a browser, the class end to end, the website), early
@@ -74,17 +79,29 @@ def _tier(item) -> int:
     return 2 if item.get_closest_marker("executes_notebooks") else 3
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if hasattr(item, "output_timeout"):  # nbval's notebook-cell items
             item.output_timeout = NBVAL_OUTPUT_TIMEOUT_S
-    if config.getoption("dist", "no") != "loadgroup":
-        return
-    for item in items:
-        if (group := _scope(item)) is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+        if item.get_closest_marker("executes_notebooks") and not item.get_closest_marker("browser"):
+            test = (item.nodeid.split("::")[0], getattr(item, "originalname", item.name))
+            if test not in SPREAD:
+                raise pytest.UsageError(f"{test}: a notebook-executing test belongs in conftest.SPREAD")
     items.sort(key=_tier)  # stable: within a tier, the collection's order
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadscope with the scopes of :func:`scope_of`, in the collection's order."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class CourseScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scope_of(nodeid)
+
+    return CourseScheduling(config, log)
 
 
 @pytest.fixture(autouse=True)

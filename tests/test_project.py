@@ -521,23 +521,25 @@ def test_nbval_waits_a_minute_for_a_cells_outputs():
 
     class Cell:
         output_timeout = 5
+        nodeid = "notebooks/01_single_head_attention.ipynb::Cell 0"
 
-    class Config:
-        def getoption(self, name, default=None):
-            return "no"  # no xdist: the items keep their order and get no xdist group
+        def get_closest_marker(self, name):
+            return None
 
-    items = [Cell(), object()]
-    root_conftest.pytest_collection_modifyitems(Config(), items)
+    items = [Cell()]
+    root_conftest.pytest_collection_modifyitems(None, items)
     assert items[0].output_timeout == root_conftest.NBVAL_OUTPUT_TIMEOUT_S == 60
 
 
 def test_xdist_scopes_keep_shared_state_together_and_start_the_long_ones_first():
-    """How the root conftest shares the suite between xdist's workers (--dist loadgroup): one
-    group per test file (its module fixtures start once), per notebook under nbval (one kernel),
-    one for the website's two files (one build); a notebook run outside nbval is a scope of its
-    own, except the browser's (one JupyterLab). First the English notebooks under nbval, then the
-    long single scopes, then the other notebook runs, then the unit tests."""
+    """How the root conftest shares the suite between xdist's workers (--dist loadscope with its
+    scheduler): one scope per test file (its module fixtures start once), per notebook under nbval
+    (one kernel), one for the website's two files (one build); a notebook run outside nbval is a
+    scope of its own, except the browser's (one JupyterLab). First the English notebooks under
+    nbval, then the long single scopes, then the other notebook runs, then the unit tests."""
     import importlib.util
+
+    from xdist.scheduler import LoadScopeScheduling
 
     spec = importlib.util.spec_from_file_location("root_conftest", ROOT / "conftest.py")
     root_conftest = importlib.util.module_from_spec(spec)
@@ -545,17 +547,12 @@ def test_xdist_scopes_keep_shared_state_together_and_start_the_long_ones_first()
 
     class Item:
         def __init__(self, nodeid, *marks):
-            self.nodeid, self.marks, self.added = nodeid, set(marks), []
+            self.nodeid, self.marks = nodeid, set(marks)
+            self.name = nodeid.split("::")[-1]
+            self.originalname = self.name.split("[")[0]
 
         def get_closest_marker(self, name):
             return name if name in self.marks else None
-
-        def add_marker(self, mark):
-            self.added.append(mark)
-
-    class Config:
-        def getoption(self, name, default=None):
-            return "loadgroup"
 
     unit = Item("tests/test_masks.py::test_a")
     ranks = Item("tests/test_distributed.py::test_ring[2]")
@@ -566,16 +563,28 @@ def test_xdist_scopes_keep_shared_state_together_and_start_the_long_ones_first()
     site_browser = Item("tests/browser/test_site_in_browser.py::test_search", "browser")
     en_cell = Item("notebooks/07_do_heads_specialize.ipynb::Cell 3")
     items = [unit, ranks, student, zh_cell, lab, site, site_browser, en_cell]
-    root_conftest.pytest_collection_modifyitems(Config(), items)
+    root_conftest.pytest_collection_modifyitems(None, items)
     assert items == [en_cell, lab, site, site_browser, student, zh_cell, unit, ranks]
 
-    def group(item):
-        (mark,) = item.added or [None]
-        return mark and mark.args[0]
+    scope = root_conftest.scope_of
+    assert scope(en_cell.nodeid) == scope("notebooks/07_do_heads_specialize.ipynb::Cell 9")
+    assert scope(zh_cell.nodeid) != scope(en_cell.nodeid)
+    assert scope(site.nodeid) == scope(site_browser.nodeid) == "site"
+    assert scope(lab.nodeid) == scope("tests/browser/test_jupyterlab.py::test_notebook_runs[12]")
+    assert scope(ranks.nodeid) == scope("tests/test_distributed.py::test_ulysses")
+    assert scope(student.nodeid) != scope("tests/test_student_edition.py::test_student_notebook_runs_top_to_bottom[12]")
+    assert scope(student.nodeid) != scope("tests/test_student_edition.py::test_guide")
 
-    assert all(not item.added or item.added[0].name == "xdist_group" for item in items)
-    assert group(en_cell) == "notebooks/07_do_heads_specialize.ipynb" and group(zh_cell).startswith("notebooks/zh/")
-    assert group(site) == group(site_browser) == "site"
-    assert group(lab) == "tests/browser/test_jupyterlab.py" and group(ranks) == "tests/test_distributed.py"
-    assert group(student) is None  # a scope of its own
-    assert "--dist loadgroup --no-loadscope-reorder" in (ROOT / "pyproject.toml").read_text()
+    stray = Item("tests/test_new.py::test_runs_a_notebook[01]", "executes_notebooks")
+    with pytest.raises(pytest.UsageError, match="SPREAD"):
+        root_conftest.pytest_collection_modifyitems(None, [stray])
+
+    class Config:
+        def getvalue(self, name):
+            return "loadscope"
+
+        option = type("Options", (), {"tx": [], "numprocesses": 2, "loadscopereorder": False})()
+
+    scheduler = root_conftest.pytest_xdist_make_scheduler(Config(), None)
+    assert isinstance(scheduler, LoadScopeScheduling) and scheduler._split_scope(student.nodeid) == student.nodeid
+    assert "--dist loadscope --no-loadscope-reorder" in (ROOT / "pyproject.toml").read_text()

@@ -20,7 +20,10 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _share)))
 
 from authoring.notebooks import EXEC_ENV  # noqa: E402
-from mha_course.kit import run_cache  # noqa: E402
+
+#: mha_course.kit.RUN_CACHE_ENV (named here: importing the package would import torch into the
+#: process that only hands tests to xdist's workers, on the suite's critical path)
+RUN_CACHE_ENV = "MHA_COURSE_RUN_CACHE"
 
 os.environ.update(EXEC_ENV)
 
@@ -29,9 +32,9 @@ os.environ.update(EXEC_ENV)
 # workers, by every notebook kernel and by JupyterLab. Only notebook executions see it: the unit
 # tests run without it (see _run_cache_only_for_notebook_executions), so a test that calls a
 # training function twice still computes twice.
-if run_cache.ENV not in os.environ:
-    os.environ[run_cache.ENV] = tempfile.mkdtemp(prefix="mha-course-runs-")
-    atexit.register(shutil.rmtree, os.environ[run_cache.ENV], ignore_errors=True)
+if RUN_CACHE_ENV not in os.environ:
+    os.environ[RUN_CACHE_ENV] = tempfile.mkdtemp(prefix="mha-course-runs-")
+    atexit.register(shutil.rmtree, os.environ[RUN_CACHE_ENV], ignore_errors=True)
 
 # nbval waits a fixed 5 s for a cell's outputs after the kernel has replied. On a loaded 2-core
 # machine the kernel can take longer than that to publish them after a long cell (notebook 07's
@@ -41,25 +44,47 @@ NBVAL_OUTPUT_TIMEOUT_S = 60
 
 
 # How xdist shares the suite between its workers (--dist loadscope, in pyproject.toml, with the
-# scheduler below). A scope runs on one worker from start to end: a test file's tests by default,
-# so that its module fixtures (gloo ranks) start once; a notebook's nbval cells, which share one
-# kernel; the website's two test files, which share one build. Each run of a whole notebook outside
-# nbval (tests marked executes_notebooks, except the browser's, which share one JupyterLab) is a
-# scope of its own, so those long runs spread over both workers.
+# scheduler below). A scope runs on one worker from start to end. Scopes of several tests: a
+# notebook's nbval cells, which share one kernel; a test file whose tests share a module fixture
+# (or the gloo ranks the ring checker keeps per process), so it starts once; the website's two
+# test files, which share one build. Every other test is a scope of its own, so the workers
+# share the work evenly to the last test; the runs of whole notebooks (tests marked
+# executes_notebooks) spread over both workers, except the browser's, which share one JupyterLab.
 SHARED_SCOPES = {"tests/test_site.py": "site", "tests/browser/test_site_in_browser.py": "site"}
-#: (file, test function): each of its parametrized runs is a scope of its own
-SPREAD = {
-    ("tests/test_student_edition.py", "test_student_notebook_runs_top_to_bottom"),
-    ("tests/test_widgets_compat.py", "test_explorers_redraw_on_every_control"),
+#: test files run whole by one worker: their module fixtures (checked at collection), a process's
+#: gloo ranks (tests/test_check_distributed.py), one JupyterLab (tests/browser/test_jupyterlab.py)
+GROUPED_FILES = {
+    "tests/browser/test_jupyterlab.py",
+    "tests/test_bench.py",
+    "tests/test_check_distributed.py",
+    "tests/test_class_commands.py",
+    "tests/test_colab_setup.py",
+    "tests/test_distributed.py",
+    "tests/test_distributed_backward.py",
+    "tests/test_fairness.py",
+    "tests/test_pretrained.py",
 }
 
 
 def scope_of(nodeid: str) -> str:
-    """The xdist scope of a test id (the scheduler sees ids only, not marks)."""
-    path, _, rest = nodeid.partition("::")
-    if (path, rest.split("[")[0]) in SPREAD:
-        return nodeid
-    return SHARED_SCOPES.get(path, path)
+    """The xdist scope of a test id (the scheduler sees ids only, not marks or fixtures)."""
+    path = nodeid.split("::")[0]
+    if path.endswith(".ipynb") or path in GROUPED_FILES:
+        return path
+    return SHARED_SCOPES.get(path, nodeid)
+
+
+def _check_grouping(item) -> None:
+    """A test with a module fixture outside GROUPED_FILES would set it up again on each worker,
+    and again whenever its worker came back to the file: a usage error, named."""
+    path = item.nodeid.split("::")[0]
+    if path in GROUPED_FILES or path in SHARED_SCOPES or not hasattr(item, "_fixtureinfo"):
+        return
+    for name, defs in item._fixtureinfo.name2fixturedefs.items():
+        if defs and defs[-1].scope in ("module", "class", "package"):
+            raise pytest.UsageError(
+                f"{path} uses the {defs[-1].scope} fixture {name!r}: add it to conftest.GROUPED_FILES"
+            )
 
 
 def _tier(item) -> int:
@@ -83,10 +108,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if hasattr(item, "output_timeout"):  # nbval's notebook-cell items
             item.output_timeout = NBVAL_OUTPUT_TIMEOUT_S
-        if item.get_closest_marker("executes_notebooks") and not item.get_closest_marker("browser"):
-            test = (item.nodeid.split("::")[0], getattr(item, "originalname", item.name))
-            if test not in SPREAD:
-                raise pytest.UsageError(f"{test}: a notebook-executing test belongs in conftest.SPREAD")
+        _check_grouping(item)
     items.sort(key=_tier)  # stable: within a tier, the collection's order
 
 
@@ -109,4 +131,4 @@ def _run_cache_only_for_notebook_executions(request, monkeypatch):
     """The session's run cache is seen by notebook executions (nbval's kernels, and the tests
     marked ``executes_notebooks``); every other test runs without it."""
     if request.node.get_closest_marker("executes_notebooks") is None:
-        monkeypatch.delenv(run_cache.ENV, raising=False)
+        monkeypatch.delenv(RUN_CACHE_ENV, raising=False)

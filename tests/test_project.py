@@ -533,9 +533,9 @@ def test_nbval_waits_a_minute_for_a_cells_outputs():
 
 def test_xdist_scopes_keep_shared_state_together_and_start_the_long_ones_first():
     """How the root conftest shares the suite between xdist's workers (--dist loadscope with its
-    scheduler): one scope per test file (its module fixtures start once), per notebook under nbval
-    (one kernel), one for the website's two files (one build); a notebook run outside nbval is a
-    scope of its own, except the browser's (one JupyterLab). First the English notebooks under
+    scheduler): one scope per notebook under nbval (one kernel), per test file with a module
+    fixture (it starts once), for the website's two files (one build); every other test is a
+    scope of its own (JupyterLab's runs share one server). First the English notebooks under
     nbval, then the long single scopes, then the other notebook runs, then the unit tests."""
     import importlib.util
 
@@ -546,20 +546,20 @@ def test_xdist_scopes_keep_shared_state_together_and_start_the_long_ones_first()
     spec.loader.exec_module(root_conftest)
 
     class Item:
-        def __init__(self, nodeid, *marks):
+        def __init__(self, nodeid, *marks, fixture_scopes=()):
             self.nodeid, self.marks = nodeid, set(marks)
-            self.name = nodeid.split("::")[-1]
-            self.originalname = self.name.split("[")[0]
+            defs = [[type("FixtureDef", (), {"scope": scope})()] for scope in fixture_scopes]
+            self._fixtureinfo = type("Info", (), {"name2fixturedefs": dict(enumerate(defs))})()
 
         def get_closest_marker(self, name):
             return name if name in self.marks else None
 
-    unit = Item("tests/test_masks.py::test_a")
-    ranks = Item("tests/test_distributed.py::test_ring[2]")
+    unit = Item("tests/test_masks.py::test_a", fixture_scopes=("function", "session"))
+    ranks = Item("tests/test_distributed.py::test_ring[2]", fixture_scopes=("module",))
     student = Item("tests/test_student_edition.py::test_student_notebook_runs_top_to_bottom[07]", "executes_notebooks")
     zh_cell = Item("notebooks/zh/07_do_heads_specialize.ipynb::Cell 3")
     lab = Item("tests/browser/test_jupyterlab.py::test_notebook_runs[07]", "browser", "executes_notebooks")
-    site = Item("tests/test_site.py::test_pages")
+    site = Item("tests/test_site.py::test_pages", fixture_scopes=("module",))
     site_browser = Item("tests/browser/test_site_in_browser.py::test_search", "browser")
     en_cell = Item("notebooks/07_do_heads_specialize.ipynb::Cell 3")
     items = [unit, ranks, student, zh_cell, lab, site, site_browser, en_cell]
@@ -573,10 +573,10 @@ def test_xdist_scopes_keep_shared_state_together_and_start_the_long_ones_first()
     assert scope(lab.nodeid) == scope("tests/browser/test_jupyterlab.py::test_notebook_runs[12]")
     assert scope(ranks.nodeid) == scope("tests/test_distributed.py::test_ulysses")
     assert scope(student.nodeid) != scope("tests/test_student_edition.py::test_student_notebook_runs_top_to_bottom[12]")
-    assert scope(student.nodeid) != scope("tests/test_student_edition.py::test_guide")
+    assert scope(unit.nodeid) != scope("tests/test_masks.py::test_b")
 
-    stray = Item("tests/test_new.py::test_runs_a_notebook[01]", "executes_notebooks")
-    with pytest.raises(pytest.UsageError, match="SPREAD"):
+    stray = Item("tests/test_new.py::test_with_a_module_fixture", fixture_scopes=("module",))
+    with pytest.raises(pytest.UsageError, match="GROUPED_FILES"):
         root_conftest.pytest_collection_modifyitems(None, [stray])
 
     class Config:
@@ -586,5 +586,8 @@ def test_xdist_scopes_keep_shared_state_together_and_start_the_long_ones_first()
         option = type("Options", (), {"tx": [], "numprocesses": 2, "loadscopereorder": False})()
 
     scheduler = root_conftest.pytest_xdist_make_scheduler(Config(), None)
-    assert isinstance(scheduler, LoadScopeScheduling) and scheduler._split_scope(student.nodeid) == student.nodeid
+    assert (
+        isinstance(scheduler, LoadScopeScheduling)
+        and scheduler._split_scope(ranks.nodeid) == "tests/test_distributed.py"
+    )
     assert "--dist loadscope --no-loadscope-reorder" in (ROOT / "pyproject.toml").read_text()

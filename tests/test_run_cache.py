@@ -39,6 +39,17 @@ def folder(tmp_path, monkeypatch):
     return tmp_path
 
 
+def test_the_suite_sets_the_variable_the_package_reads():
+    import importlib.util
+
+    from authoring.notebooks import ROOT
+
+    spec = importlib.util.spec_from_file_location("root_conftest", ROOT / "conftest.py")
+    root_conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(root_conftest)
+    assert root_conftest.RUN_CACHE_ENV == run_cache.ENV
+
+
 def test_without_the_variable_every_call_computes(monkeypatch):
     monkeypatch.delenv(run_cache.ENV, raising=False)
     run, calls = counted()

@@ -93,8 +93,8 @@ def _tier(item) -> int:
        the training runs the later ones reuse (mha_course.kit.run_cache);
     1. the long single scopes (JupyterLab in a browser, the class end to end, the website), early
        so that no worker is left with one of them at the end;
-    2. the other executions of whole notebooks (the Chinese edition, the student edition, the
-       explorers' driver);
+    2. the other executions of whole notebooks (the Chinese edition, the student edition, which
+       also drives the explorers);
     3. everything else: many short unit tests, which fill the workers evenly to the end."""
     path = item.nodeid.split("::")[0]
     if path.endswith(".ipynb"):

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import explorer_driver
 import nbformat
 import pytest
 
@@ -28,6 +29,10 @@ STUDENT = se.STUDENT_DIR
 #: the Chinese edition (notebooks/zh) and its student copy (notebooks/student/zh)
 ZH_SOLUTIONS = se.zh_sources()
 STUDENT_ZH = se.STUDENT_ZH_DIR
+
+
+#: the English student notebooks whose explorers the run drives (tests/explorer_driver.py)
+DRIVEN = [STUDENT / p.name for p in SOLUTIONS if explorer_driver.has_explorer(nbformat.read(p, as_version=4))]
 
 
 def _id(path: Path) -> str:
@@ -464,13 +469,15 @@ def _comparable(cell) -> list[str]:
 def test_student_notebook_runs_top_to_bottom(path):
     """Executed in a fresh kernel (PYTHONHASHSEED=0, set by conftest.py): no error, every exercise
     check says "not attempted", and every cell the build left unchanged prints what it printed in
-    the solution notebook — so nothing after an exercise depends on the learner's function."""
-    from nbclient import NotebookClient
+    the solution notebook — so nothing after an exercise depends on the learner's function. In the
+    English notebooks with an explorer, every control of every explorer is then changed in the same
+    kernel (tests/explorer_driver.py): each must redraw once, with the current values, to a new figure."""
+    import ipywidgets
 
     assert path.exists(), "run `python -m authoring student-edition notebooks/student`"
     stored = nbformat.read(path, as_version=4)
     nb = copy.deepcopy(stored)
-    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    report = explorer_driver.execute(nb, path.parent, drive=path in DRIVEN)
     for index, (before, after) in enumerate(zip(stored.cells, nb.cells, strict=True)):
         if after.cell_type != "code":
             continue
@@ -491,6 +498,9 @@ def test_student_notebook_runs_top_to_bottom(path):
                 f"learner's function (use the package's reference after an exercise), or is the solved "
                 f"notebook stale (re-execute it, then rebuild the student edition)?\n{source[:200]}"
             )
+    if report is not None:
+        found = explorer_driver.problems(report, path.name, ipywidgets.__version__)
+        assert not found, "\n".join(found)
 
 
 # ---------------------------------------------------------------------------------------------

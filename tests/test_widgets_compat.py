@@ -5,19 +5,18 @@
 * quizzes: every quiz's widget is built and each option of each question is picked the way the
   front end does it (a state update of ``index``): the feedback line must say ✅ for the correct
   option and ❌ for the others, with that option's explanation;
-* explorers: every notebook that has one is run (in a fresh IPython shell in a subprocess, up to
-  its last explorer), and every control of every explorer is changed the way the front end does it
-  (a state update): the explorer must redraw once, with the new values of all its controls, and
-  the figure must change; no callback may raise.
+* explorers: every control of every explorer is changed the way the front end does it (a state
+  update) inside the student edition's run of its notebook (tests/test_student_edition.py and
+  tests/explorer_driver.py): the explorer must redraw once, with the new values of all its
+  controls, and the figure must change; no callback may raise. This file checks that every
+  notebook with an explorer is driven there, and that the driver is not blind.
 """
 
 from __future__ import annotations
 
 import html
-import io
 import json
 import os
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -128,131 +127,22 @@ def test_prediction_widgets_record_a_click(key):
         assert note.value.startswith("Recorded:"), note.value
 
 
-# --- explorers, driven in each notebook -----------------------------------------------------------------
+# --- explorers -------------------------------------------------------------------------------------
+# Every explorer of every notebook is driven inside the student edition's run of that notebook
+# (tests/test_student_edition.py, with tests/explorer_driver.py): one execution serves both checks.
 
 
-def _next_state(widget) -> dict:
-    """The state update the front end sends when a learner changes ``widget``."""
-    if isinstance(widget, W.FloatLogSlider):  # its steps are steps of the exponent
-        up = widget.value * widget.base**widget.step
-        return {"value": up if up <= widget.base**widget.max else widget.value / widget.base**widget.step}
-    if isinstance(widget, (W.IntSlider, W.FloatSlider)):
-        up = widget.value + widget.step
-        return {"value": up if up <= widget.max else widget.value - widget.step}
-    if isinstance(widget, (W.Checkbox, W.ToggleButton)):
-        return {"value": not widget.value}
-    if isinstance(widget, (W.Dropdown, W.ToggleButtons, W.RadioButtons, W.Select)):
-        return {"index": (widget.index + 1) % len(widget.options)}
-    raise TypeError(f"no known way to change a {type(widget).__name__}")
+def test_every_notebook_with_an_explorer_is_driven_by_the_student_run():
+    from test_student_edition import DRIVEN
 
-
-def drive(path: Path) -> dict:
-    """Run ``path`` in an IPython shell up to its last explorer, then change every control of every
-    explorer. Returns what happened (JSON-able), including every warning about widget arguments
-    (ipywidgets 7 takes an argument it does not know, e.g. one new in 8, with only a warning).
-    Runs in a subprocess: see ``drive_in_subprocess``."""
-    import contextlib
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from IPython.core.interactiveshell import InteractiveShell
-
-    import mha_course.kit.widgets as mw
-
-    explorers = []
-    real_explorer = mw.explorer
-
-    def spy(draw, controls, **kwargs):
-        record = {"calls": [], "errors": [], "names": list(controls)}
-
-        def draw_and_record(**values):
-            try:
-                fig = draw(**values)
-            except Exception as e:
-                record["errors"].append(f"{type(e).__name__}: {e}")
-                raise
-            png = io.BytesIO()
-            fig.savefig(png, format="png", dpi=30)
-            record["calls"].append((dict(values), png.getvalue()))
-            return fig
-
-        box = real_explorer(draw_and_record, controls, **kwargs)
-        explorers.append((record, controls))
-        return box
-
-    mw.explorer = spy
-    shell = InteractiveShell.instance()
-    cells = _code_cells(path)
-    last = max(i for i, s in enumerate(cells) if "explorer(" in s)
-    with (
-        open(os.devnull, "w") as quiet,
-        contextlib.redirect_stdout(quiet),
-        warnings.catch_warnings(record=True) as caught,
-    ):
-        warnings.simplefilter("always")
-        for i, source in enumerate(cells[: last + 1]):
-            result = shell.run_cell(source, store_history=True)
-            if not result.success:
-                return {"error": f"code cell {i + 1} failed: {result.error_before_exec or result.error_in_exec!r}"}
-        report = []
-        for record, controls in explorers:
-            steps = []
-            for name, widget in controls.items():
-                before, previous = len(record["calls"]), record["calls"][-1][1] if record["calls"] else b""
-                try:
-                    state = _next_state(widget)
-                    widget.set_state(state)
-                except Exception as e:
-                    steps.append({"control": name, "problem": f"{type(e).__name__}: {e}"})
-                    continue
-                new_calls = record["calls"][before:]
-                current = {n: w.value for n, w in controls.items()}
-                steps.append(
-                    {
-                        "control": name,
-                        "type": type(widget).__name__,
-                        "state": repr(state),
-                        "redraws": len(new_calls),
-                        "drawn_with_current_values": bool(new_calls) and new_calls[-1][0] == current,
-                        "figure_changed": bool(new_calls) and new_calls[-1][1] != previous,
-                    }
-                )
-            report.append({"controls": record["names"], "errors": record["errors"], "steps": steps})
-    return {"explorers": report, "code_cells_run": last + 1, "widget_warnings": sorted(set(_widget_warnings(caught)))}
-
-
-def drive_in_subprocess(path: Path, tmp: Path) -> dict:
-    """``drive(path)`` in a fresh interpreter: notebooks change global state (seeds, grad mode,
-    print options, rcParams) that must not leak into other notebooks or tests."""
-    out = tmp / "driven.json"
-    env = dict(os.environ, MPLBACKEND="Agg", **notebook_tools.EXEC_ENV)
-    cmd = [sys.executable, __file__, "--drive", str(path), str(out)]
-    result = subprocess.run(cmd, cwd=path.parent, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, f"the explorer driver failed:\n{(result.stdout + result.stderr)[-4000:]}"
-    return json.loads(out.read_text())
+    assert EXPLORER_NOTEBOOKS and {p.name for p in EXPLORER_NOTEBOOKS} == {p.name for p in DRIVEN}
 
 
 @pytest.mark.executes_notebooks
-@pytest.mark.parametrize("path", EXPLORER_NOTEBOOKS, ids=lambda p: p.stem)
-def test_explorers_redraw_on_every_control(path, tmp_path):
-    result = drive_in_subprocess(path, tmp_path)
-    assert "error" not in result, f"{path.name} (ipywidgets {VERSION}): {result.get('error')}"
-    assert result["explorers"], f"{path.name}: no explorer was created"
-    assert not result["widget_warnings"], f"{path.name} (ipywidgets {VERSION}): {result['widget_warnings']}"
-    for k, explorer in enumerate(result["explorers"], 1):
-        assert not explorer["errors"], f"explorer {k} raised while drawing: {explorer['errors']}"
-        assert len(explorer["steps"]) == len(explorer["controls"]) >= 1
-        for step in explorer["steps"]:
-            where = f"{path.name}, explorer {k}, control {step['control']!r} (ipywidgets {VERSION})"
-            assert "problem" not in step, f"{where}: {step.get('problem')}"
-            assert step["redraws"] == 1, f"{where}: {step['redraws']} redraws for one change {step['state']}"
-            assert step["drawn_with_current_values"], f"{where}: redrawn with stale values"
-            assert step["figure_changed"], f"{where}: the figure did not change after {step['state']}"
-
-
 def test_the_driver_sees_unknown_arguments_failing_callbacks_and_dead_controls(tmp_path):
-    """The explorer checks are not blind (a synthetic notebook, driven like the real ones)."""
+    """The explorer checks are not blind (a synthetic notebook, driven like the real ones), and
+    the spy leaves the notebook's own outputs as they are."""
+    import explorer_driver
     import nbformat
 
     source = (
@@ -264,15 +154,15 @@ def test_the_driver_sees_unknown_arguments_failing_callbacks_and_dead_controls(t
         "_ = mc.widgets.explorer(draw, controls)"
     )
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(source)]
-    nbformat.write(nb, tmp_path / "broken.ipynb")
-    result = drive_in_subprocess(tmp_path / "broken.ipynb", tmp_path)
-    assert any("unrecognized arguments" in w and "not_a_trait" in w for w in result["widget_warnings"])
-    (explorer,) = result["explorers"]
+    nb.cells = [nbformat.v4.new_code_cell(source), nbformat.v4.new_code_cell("print('after the explorer')")]
+    report = explorer_driver.execute(nb, tmp_path, drive=True)
+    assert [c.source for c in nb.cells] == [source, "print('after the explorer')"], "spy and driver are removed"
+    assert nb.cells[1].outputs[0]["text"] == "after the explorer\n"
+    assert not any(o.get("name") == "stderr" for o in nb.cells[0].outputs), "the widget warning is recorded, not shown"
+    assert any("unrecognized arguments" in w and "not_a_trait" in w for w in report["widget_warnings"])
+    (explorer,) = report["explorers"]
     flag, x = explorer["steps"]
     assert flag["redraws"] == 1 and not flag["figure_changed"], flag  # a control that changes nothing
     assert x["redraws"] == 0 and explorer["errors"] == ["ValueError: boom in draw"], explorer
-
-
-if __name__ == "__main__" and sys.argv[1:2] == ["--drive"]:
-    Path(sys.argv[3]).write_text(json.dumps(drive(Path(sys.argv[2])), indent=1))
+    found = "\n".join(explorer_driver.problems(report, "broken.ipynb", str(VERSION)))
+    assert "not_a_trait" in found and "boom in draw" in found and "did not change" in found and "0 redraws" in found

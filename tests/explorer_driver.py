@@ -4,10 +4,10 @@ run, tests/test_student_edition.py): no second execution of the notebook is need
 Before the notebook's first cell, SPY wraps ``mha_course.kit.widgets.explorer`` so that each
 explorer records its controls and every drawing (the values it was drawn with and the figure as a
 small PNG), and records every warning about widget arguments (ipywidgets 7 takes an argument it
-does not know, e.g. one new in 8, with only a warning) without showing it: the notebook's own
-outputs stay exactly what they are without the spy. After the last cell, DRIVE changes every
-control of every explorer the way the front end does (a state update) and prints a JSON report,
-which :func:`problems` reads: each change must redraw once, with the current values of all the
+does not know, e.g. one new in 8, with only a warning) and every other warning from ipywidgets or
+traitlets a learner would see, without showing it: the notebook's own outputs stay what they are.
+After the last cell, DRIVE changes every control of every explorer the way the front end does (a
+state update) and prints a JSON report, which :func:`problems` reads: each change must redraw once, with the current values of all the
 controls, and change the figure; no callback may raise; no widget warning.
 """
 
@@ -54,8 +54,8 @@ def _mha_spy():
 
     mw.explorer = spy
     warnings.showwarning = show
-    for module in ("ipywidgets", "traitlets"):
-        warnings.filterwarnings("always", module=module)
+    # shown each time (a DeprecationWarning is otherwise hidden outside __main__); the others keep
+    # the filters a learner's kernel has, so only what a learner would see is recorded
     warnings.filterwarnings("always", message=".*unrecognized arguments")
     return explorers, widget_warnings
 

@@ -7,8 +7,9 @@ small PNG), and records every warning about widget arguments (ipywidgets 7 takes
 does not know, e.g. one new in 8, with only a warning) and every other warning from ipywidgets or
 traitlets a learner would see, without showing it: the notebook's own outputs stay what they are.
 After the last cell, DRIVE changes every control of every explorer the way the front end does (a
-state update) and prints a JSON report, which :func:`problems` reads: each change must redraw once, with the current values of all the
-controls, and change the figure; no callback may raise; no widget warning.
+state update) and prints a JSON report, which :func:`problems` reads: each change must redraw
+once, with the current values of all the controls, and change the figure; no callback may raise;
+no widget warning.
 """
 
 from __future__ import annotations

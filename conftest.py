@@ -21,7 +21,7 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
 
 from authoring.notebooks import EXEC_ENV  # noqa: E402
 
-#: mha_course.kit.RUN_CACHE_ENV (named here: importing the package would import torch into the
+#: mha_course.kit.run_cache.ENV (named here: importing the package would import torch into the
 #: process that only hands tests to xdist's workers, on the suite's critical path)
 RUN_CACHE_ENV = "MHA_COURSE_RUN_CACHE"
 

@@ -161,3 +161,12 @@ def test_the_tiny_training_run_reused_is_bit_identical_and_its_bar_is_filled(fol
     for a, b in zip(reused[0].state_dict().values(), plain[0].state_dict().values(), strict=True):
         assert torch.equal(a, b)
     assert len(list(folder.glob("*.pkl"))) == 1
+
+
+def test_a_reused_tiny_training_run_with_its_own_bar_still_shows_the_bar_full(folder, capsys):
+    task = relation_task.TwoRelationTask()
+    tiny_training.train(task, 1, seed=2, steps=3, eval_every=3, progress=False)
+    capsys.readouterr()
+    tiny_training.train(task, 1, seed=2, steps=3, eval_every=3, progress=True)
+    shown = capsys.readouterr().err
+    assert "h=1, seed 2" in shown and "3/3" in shown, shown

@@ -30,7 +30,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..kit.progress import progress_bar
-from ..kit.run_cache import cached_run
+from ..kit.run_cache import advance, cached_run
 from ..multihead import MultiHeadAttention
 from .relation_task import TwoRelationTask
 
@@ -133,8 +133,8 @@ def _replay_bar(arguments: dict) -> None:
     if progress is True:
         with progress_bar(total=steps, desc=f"h={arguments['num_heads']}, seed {arguments['seed']}") as bar:
             bar.update(steps)
-    elif progress is not False:
-        progress.update(steps)
+    else:
+        advance(progress, steps)
 
 
 @cached_run(ignore=("progress",), seeds_itself=True, replay=_replay_bar)

@@ -7,6 +7,8 @@ settings that make notebooks deterministic are made here, once, for every way th
 import atexit
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -35,6 +37,64 @@ os.environ.update(EXEC_ENV)
 if RUN_CACHE_ENV not in os.environ:
     os.environ[RUN_CACHE_ENV] = tempfile.mkdtemp(prefix="mha-course-runs-")
     atexit.register(shutil.rmtree, os.environ[RUN_CACHE_ENV], ignore_errors=True)
+
+# Every notebook kernel of the session starts as a fork of a process that has already imported
+# PyTorch, Matplotlib and ipykernel (authoring/kernel_zygote.py), one per test process: the
+# ``python3`` kernelspec first on JUPYTER_PATH (nbval's, nbclient's, JupyterLab's, nbgrader's
+# kernels) starts kernels through its launcher, which falls back to an ordinary kernel whenever
+# a forked one would not be what a fresh one is. MHA_KERNEL_ZYGOTE=off: ordinary kernels only.
+ZYGOTE_ENV = "MHA_KERNEL_ZYGOTE"
+ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "authoring", "kernel_zygote.py")
+
+
+def _kernel_zygote_module():
+    sys.path.insert(0, os.path.dirname(ZYGOTE))
+    try:
+        import kernel_zygote
+    finally:
+        sys.path.pop(0)
+    return kernel_zygote
+
+
+def _kernelspec_first_on_jupyter_path() -> None:
+    """Every kernel this test process starts goes through the launcher (an ordinary kernel when
+    no zygote runs): the kernelspec nbval, nbclient, JupyterLab and nbgrader find first."""
+    folder = tempfile.mkdtemp(prefix="mha-course-kernels-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    _kernel_zygote_module().kernelspec(folder)
+    os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [folder, os.environ.get("JUPYTER_PATH")]))
+    os.environ.setdefault(ZYGOTE_ENV, os.path.join(folder, "zygote.sock"))
+
+
+def _start_kernel_zygote() -> None:
+    socket = os.environ[ZYGOTE_ENV]
+    if socket.lower() == "off" or os.path.exists(socket):
+        return
+    with open(socket + ".log", "w") as log:
+        zygote = subprocess.Popen(
+            [sys.executable, ZYGOTE, "serve", socket],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    atexit.register(zygote.terminate)
+
+
+def _runs_kernels(items) -> bool:
+    return any(
+        item.nodeid.split("::")[0].endswith(".ipynb")
+        or item.get_closest_marker("slow")
+        or item.get_closest_marker("browser")
+        for item in items
+    )
+
+
+def pytest_configure(config):
+    controller = not hasattr(config, "workerinput") and config.getoption("dist", "no") != "no"
+    if not controller:  # xdist's controller runs no test
+        _kernelspec_first_on_jupyter_path()
+
 
 # nbval waits a fixed 5 s for a cell's outputs after the kernel has replied. On a loaded 2-core
 # machine the kernel can take longer than that to publish them after a long cell (notebook 07's
@@ -105,6 +165,8 @@ def _tier(item) -> int:
 
 
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get(ZYGOTE_ENV) and _runs_kernels(items):  # not the controller; not `test --fast`
+        _start_kernel_zygote()
     for item in items:
         if hasattr(item, "output_timeout"):  # nbval's notebook-cell items
             item.output_timeout = NBVAL_OUTPUT_TIMEOUT_S

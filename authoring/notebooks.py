@@ -10,6 +10,7 @@ in ``pyproject.toml``.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from pathlib import Path
@@ -106,16 +107,71 @@ def sync(path: Path) -> bool:
     return changed
 
 
+#: the longest a notebook client waits on a kernel socket before it looks at the socket itself
+POLL_SLICE_S = 1.0
+
+
+@functools.cache
+def _sliced_kernel_manager():
+    """nbclient's kernel manager, whose client's channels wait for a message in slices of
+    POLL_SLICE_S. A wait on pyzmq's asyncio socket can miss the wake-up for a message that has
+    already arrived (seen here: a cell that had finished, whose execute_reply nbclient saw only
+    when the cell's timeout ran out, five minutes later); each slice ends with a real look at
+    the socket, so such a message waits a second at most."""
+    import time
+    from queue import Empty
+
+    from jupyter_client.asynchronous import AsyncKernelClient
+    from jupyter_client.channels import AsyncZMQSocketChannel
+    from jupyter_client.manager import AsyncKernelManager
+    from traitlets import Type, default
+
+    class SlicedChannel(AsyncZMQSocketChannel):
+        async def get_msg(self, timeout=None):
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                left = POLL_SLICE_S if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    return await super().get_msg(timeout=min(POLL_SLICE_S, left))
+                except Empty:
+                    if deadline is not None and deadline - time.monotonic() < 1e-3:  # a poll's resolution
+                        raise
+
+    class SlicedClient(AsyncKernelClient):
+        shell_channel_class = Type(SlicedChannel)
+        iopub_channel_class = Type(SlicedChannel)
+        stdin_channel_class = Type(SlicedChannel)
+        control_channel_class = Type(SlicedChannel)
+
+    class SlicedKernelManager(AsyncKernelManager):
+        @default("client_factory")
+        def _client_factory_default(self):
+            return SlicedClient
+
+    return SlicedKernelManager
+
+
+def notebook_client(nb, folder: Path | str, *, timeout: int):
+    """An nbclient NotebookClient that executes ``nb`` in a fresh ``python3`` kernel started in
+    ``folder``, with a timeout per cell (see :func:`_sliced_kernel_manager`)."""
+    from nbclient import NotebookClient
+
+    return NotebookClient(
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        kernel_manager_class=_sliced_kernel_manager(),
+        resources={"metadata": {"path": str(folder)}},
+    )
+
+
 def execute(path: Path, *, timeout: int = 600) -> None:
     """Execute a notebook top to bottom in a fresh kernel, in place, under EXEC_ENV."""
     import nbformat
-    from nbclient import NotebookClient
 
     os.environ.update(EXEC_ENV)
     nb = nbformat.read(path, as_version=4)
-    NotebookClient(
-        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(Path(path).parent)}}
-    ).execute()
+    notebook_client(nb, Path(path).parent, timeout=timeout).execute()
     for cell in nb.cells:  # keep metadata free of run-dependent data (dates, timings)
         cell.get("metadata", {}).pop("execution", None)
     nbformat.write(nb, path)

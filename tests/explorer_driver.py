@@ -123,15 +123,13 @@ def execute(nb, folder, *, drive: bool, timeout: int = 300):
     """Execute ``nb`` (in place) in a fresh kernel started in ``folder``; with ``drive``, SPY runs
     before the first cell and DRIVE after the last, and both are removed again. Returns the
     report (a dict) with ``drive``, else None."""
-    from nbclient import NotebookClient
+    from authoring.notebooks import notebook_client
 
     if drive:
         nb.cells.insert(0, nbformat.v4.new_code_cell(SPY))
         nb.cells.append(nbformat.v4.new_code_cell(DRIVE))
     try:
-        NotebookClient(
-            nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(folder)}}
-        ).execute()
+        notebook_client(nb, folder, timeout=timeout).execute()
     finally:
         if drive:
             spy, driver = nb.cells.pop(0), nb.cells.pop()

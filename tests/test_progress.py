@@ -27,7 +27,7 @@ def test_final_text_shows_the_count_reached_and_no_timing():
 
 @pytest.mark.slow
 def test_an_executed_notebook_stores_the_finished_bar_and_keeps_the_widget(tmp_path):
-    from nbclient import NotebookClient
+    from authoring.notebooks import notebook_client
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [
@@ -41,7 +41,7 @@ def test_an_executed_notebook_stores_the_finished_bar_and_keeps_the_widget(tmp_p
         nbformat.v4.new_code_cell("b = progress_bar(total=4, desc='stopped')\nb.update(1)\nb.close()"),
         nbformat.v4.new_code_cell("b = progress_bar(total=4, desc='hidden', leave=False)\nb.update(4)\nb.close()"),
     ]
-    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    notebook_client(nb, tmp_path, timeout=120).execute()
     outputs = [cell.outputs for cell in nb.cells]
     texts = [[o["data"]["text/plain"] for o in outs if "data" in o] for outs in outputs]
     assert texts[:3] == [

@@ -471,3 +471,28 @@ def test_what_cannot_travel_is_refused_with_what_to_do(ranks):
         ranks[2].run("mha_course.distributed:nope", 1)
     with pytest.raises(TypeError, match="must be a function"):
         ranks[2].run(42)
+
+
+@pytest.mark.slow
+def test_ranks_end_when_the_process_that_started_them_ends_without_closing_them():
+    """A kernel killed, or a process that ends with os._exit (an xdist worker does), never closes
+    its Ranks: the ranks notice that it is gone and end too, instead of waiting forever."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os\n"
+        "from mha_course import distributed as md\n"
+        "ranks = md.Ranks(2)\n"
+        "print(*ranks.run(os.getpid), flush=True)\n"
+        "os._exit(0)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) == 2, out.stdout + out.stderr
+    deadline = time.monotonic() + 4 * md.launcher.PARENT_CHECK_S + 10
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive = [p for p in alive if md.launcher._alive(p)]
+    assert not alive, f"ranks {alive} outlived the process that started them"

@@ -202,8 +202,29 @@ def shippable(fn):
     return fn if _by_name(fn) else _ByValue(fn)
 
 
-def _worker(rank, world_size, port, timeout_s, inbox, outbox):
-    """One rank: join the process group through the parent's store, then run jobs until told to stop."""
+#: how often an idle rank checks that the process which started it is still there
+PARENT_CHECK_S = 2.0
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (an ended process its parent has not reaped yet does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover - someone else's process now has that pid
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:  # Linux: "Z", a zombie
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):  # no /proc (macOS): kill's answer
+        return True
+
+
+def _worker(rank, world_size, port, timeout_s, inbox, outbox, parent=None):
+    """One rank: join the process group through the parent's store, then run jobs until told to
+    stop, or until the process that started the ranks is gone without stopping them (a kernel
+    killed, a process ended with os._exit): a rank never outlives it."""
     try:
         torch.set_num_threads(1)  # the ranks share the machine's cores
         interface = _loopback_interface()
@@ -218,7 +239,12 @@ def _worker(rank, world_size, port, timeout_s, inbox, outbox):
         return
     outbox.put((rank, "ready", None))
     while True:
-        job = inbox.get()
+        try:
+            job = inbox.get(timeout=PARENT_CHECK_S)
+        except queue.Empty:
+            if parent is not None and not _alive(parent):
+                os._exit(0)  # nobody to report to, and the other ranks are leaving too
+            continue
         if job is None:
             break
         try:
@@ -298,7 +324,7 @@ class Ranks:
             inbox = ctx.Queue()
             proc = ctx.Process(
                 target=_worker,
-                args=(rank, self.world_size, self._store.port, self.timeout, inbox, self._outbox),
+                args=(rank, self.world_size, self._store.port, self.timeout, inbox, self._outbox, os.getpid()),
                 daemon=True,
             )
             proc.start()

@@ -116,15 +116,17 @@ RUN_DONE_JS = r"""(n) => {
 PROBLEM = re.compile(r"Traceback|Error|Warning|warn\(")
 
 
+OUTPUT_TEXTS_JS = """() => [...document.querySelectorAll('.jp-Notebook .jp-OutputArea-output')].map(
+  e => [e.dataset.mimeType === 'application/vnd.jupyter.stderr', e.innerText])"""
+
+
 def problems_on_page(page) -> list[str]:
-    """Text of every output that shows an error, a traceback, a warning or a broken widget."""
+    """Text of every output that shows an error, a traceback, a warning or a broken widget
+    (read in one call to the page)."""
     found = []
-    for el in page.locator('.jp-Notebook .jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]').all():
-        text = el.inner_text()
-        if PROBLEM.search(text):
+    for stderr, text in page.evaluate(OUTPUT_TEXTS_JS):
+        if stderr and PROBLEM.search(text):
             found.append("stderr/error output: " + text[-1500:])
-    for el in page.locator(".jp-Notebook .jp-OutputArea-output").all():
-        text = el.inner_text()
         if "Error displaying widget" in text or "Error rendering output" in text:
             found.append("widget failed to render: " + text[:300])
     return found
@@ -189,11 +191,11 @@ def open_and_run_all(page, lab, name: str, nb: Notebook) -> None:
 
 @pytest.mark.executes_notebooks
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs_and_its_widgets_work(path, lab, browser, screenshots):
+def test_notebook_runs_and_its_widgets_work(path, lab, lab_context, screenshots):
     from playwright.sync_api import expect
 
     nb = read_notebook(lab.work / path.name)  # the copy JupyterLab serves (authors may be editing the original)
-    page = browser.new_page(viewport={"width": 1400, "height": 1600})
+    page = lab_context.new_page()
     page.set_default_timeout(STEP_TIMEOUT_MS)
     page_errors: list[str] = []
     page.on("pageerror", lambda e: page_errors.append(str(e)))

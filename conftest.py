@@ -90,6 +90,12 @@ def _runs_kernels(items) -> bool:
     )
 
 
+def pytest_collection_finish(session):
+    """After -m and -k have deselected: a zygote only where kernels will start (not `test --fast`)."""
+    if os.environ.get(ZYGOTE_ENV) and _runs_kernels(session.items):  # set: not xdist's controller
+        _start_kernel_zygote()
+
+
 def pytest_configure(config):
     controller = not hasattr(config, "workerinput") and config.getoption("dist", "no") != "no"
     if not controller:  # xdist's controller runs no test
@@ -165,8 +171,6 @@ def _tier(item) -> int:
 
 
 def pytest_collection_modifyitems(config, items):
-    if os.environ.get(ZYGOTE_ENV) and _runs_kernels(items):  # not the controller; not `test --fast`
-        _start_kernel_zygote()
     for item in items:
         if hasattr(item, "output_timeout"):  # nbval's notebook-cell items
             item.output_timeout = NBVAL_OUTPUT_TIMEOUT_S

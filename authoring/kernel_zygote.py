@@ -1,5 +1,5 @@
 """Notebook kernels forked from a process that has already imported what every course notebook
-imports (PyTorch, NumPy, Matplotlib, ipykernel, ipywidgets), so that the test suite's many
+imports (PyTorch, NumPy, Matplotlib, ipykernel), so that the test suite's many
 executions of whole notebooks do not each spend seconds importing the same modules.
 
 The test session (the root conftest.py) starts one zygote per test process and puts a ``python3``
@@ -36,7 +36,8 @@ import traceback
 ENV = "MHA_KERNEL_ZYGOTE"  # the zygote's socket, for the launcher
 #: imported by the zygote: ipykernel's app, then what notebooks import (the order of their first cells)
 KERNEL = "ipykernel.kernelapp"
-LIBRARIES = ("torch", "numpy", "matplotlib.pyplot", "ipywidgets")
+#: not ipywidgets: imported inside a kernel, it registers its comm targets with that kernel
+LIBRARIES = ("torch", "numpy", "matplotlib.pyplot")
 INLINE = "module://matplotlib_inline.backend_inline"  # what ipykernel sets MPLBACKEND to
 #: variables some module reads while it is imported: a request that differs in one of them gets an
 #: ordinary kernel (a forked one would have read the zygote's value)
@@ -250,8 +251,9 @@ def _run_kernel(libraries_filters: tuple[list, list]) -> int:
     from ipykernel import kernelapp
 
     front, back = libraries_filters
+    mutated = getattr(warnings, "_filters_mutated", lambda: None)  # the filters' cache, where it has one
     warnings.filters[:] = [f for f in warnings.filters if f not in front and f not in back]
-    warnings._filters_mutated()
+    mutated()
 
     # a default ipykernel read from the environment when the zygote imported it: this kernel's
     if os.environ.get("JPY_PARENT_PID"):
@@ -260,7 +262,7 @@ def _run_kernel(libraries_filters: tuple[list, list]) -> int:
         app = kernelapp.IPKernelApp.instance()  # kernelapp.launch_new_instance(), in two steps
         app.initialize()
         warnings.filters[:] = front + warnings.filters + back
-        warnings._filters_mutated()
+        mutated()
         app.start()
         code = 0
     except SystemExit as e:

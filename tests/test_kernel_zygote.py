@@ -24,7 +24,7 @@ needs_zygote = pytest.mark.skipif(
 OBSERVE = """
 import json, os, sys, warnings
 forked = "torch" in sys.modules
-import torch, numpy, matplotlib, matplotlib.pyplot, ipywidgets  # the zygote's order
+import torch, numpy, matplotlib, matplotlib.pyplot, ipywidgets  # the zygote's order, then ipywidgets
 print(json.dumps({
     "forked": forked,
     "cwd": os.getcwd(),

@@ -68,7 +68,7 @@ def _kernelspec_first_on_jupyter_path() -> None:
 
 def _start_kernel_zygote() -> None:
     socket = os.environ[ZYGOTE_ENV]
-    if socket.lower() == "off" or os.path.exists(socket):
+    if socket.lower() == "off" or os.path.exists(socket) or not hasattr(os, "fork"):  # Windows: no fork
         return
     with open(socket + ".log", "w") as log:
         zygote = subprocess.Popen(

@@ -299,7 +299,7 @@ def launch(argv: list[str]) -> int:
             }
             _send(conn, request, fds=[0, 1, 2])
             reply, _ = _receive(conn)
-        except (OSError, ConnectionError, ValueError):
+        except Exception:  # noqa: BLE001 - no zygote, whatever the reason: an ordinary kernel
             reply = {"refused": "no zygote answered"}
         if "pid" in reply:
             return _stand_in_for(conn, reply["pid"])
@@ -338,8 +338,10 @@ def _signal_group(pid: int, signum: int) -> None:
 
 
 def kernelspec(folder) -> str:
-    """Write the ``python3`` kernelspec that starts kernels through this launcher into
-    ``folder/kernels/python3``; returns the folder (for JUPYTER_PATH)."""
+    """Write the ``python3`` kernelspec that starts kernels through this launcher (where the
+    platform forks; elsewhere ipykernel's own command) into ``folder/kernels/python3``; returns the
+    folder (for JUPYTER_PATH). Either runs the interpreter that starts the kernel (Jupyter puts
+    its own in place of ``python``)."""
     import importlib.util
     import shutil
     from pathlib import Path
@@ -350,7 +352,9 @@ def kernelspec(folder) -> str:
     for logo in source.glob("logo-*"):
         shutil.copy2(logo, target / logo.name)
     spec = {
-        "argv": ["python", os.path.abspath(__file__), "launch", "-f", "{connection_file}"],
+        "argv": ["python", os.path.abspath(__file__), "launch", "-f", "{connection_file}"]
+        if hasattr(os, "fork")
+        else ["python", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": "Python 3 (ipykernel)",
         "language": "python",
         "metadata": {"debugger": True},

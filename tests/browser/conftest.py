@@ -221,15 +221,6 @@ def browser(chromium_executable):
 
 
 @pytest.fixture(scope="session")
-def lab_context(browser):
-    """One browser context for every JupyterLab page: after the first page, JupyterLab's scripts
-    come from the browser's cache (each page still starts JupyterLab afresh)."""
-    context = browser.new_context(viewport={"width": 1400, "height": 1600})
-    yield context
-    context.close()
-
-
-@pytest.fixture(scope="session")
 def screenshots() -> Path:
     """tests/browser/screenshots/ (git-ignored; CI keeps it), its screenshots removed once per
     session; subfolders (site/, the website's test, which may run at the same time) are left."""

@@ -191,11 +191,11 @@ def open_and_run_all(page, lab, name: str, nb: Notebook) -> None:
 
 @pytest.mark.executes_notebooks
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs_and_its_widgets_work(path, lab, lab_context, screenshots):
+def test_notebook_runs_and_its_widgets_work(path, lab, browser, screenshots):
     from playwright.sync_api import expect
 
     nb = read_notebook(lab.work / path.name)  # the copy JupyterLab serves (authors may be editing the original)
-    page = lab_context.new_page()
+    page = browser.new_page(viewport={"width": 1400, "height": 1600})
     page.set_default_timeout(STEP_TIMEOUT_MS)
     page_errors: list[str] = []
     page.on("pageerror", lambda e: page_errors.append(str(e)))

@@ -132,6 +132,36 @@ def test_prediction_widgets_record_a_click(key):
 # (tests/test_student_edition.py, with tests/explorer_driver.py): one execution serves both checks.
 
 
+def test_an_explorer_redraws_on_a_change_not_on_a_front_ends_rounding(capsys):
+    """JupyterLab's float slider sends back 1.0000000000000009 for 1.0 when it is first shown
+    (seen in tests/browser/test_jupyterlab.py): no redraw for that, one for each real change, and
+    every drawing with the controls' current values."""
+    import matplotlib.pyplot as plt
+
+    from mha_course.kit import widgets
+
+    drawn = []
+
+    def draw(x, flag):
+        drawn.append({"x": x, "flag": flag})
+        fig, ax = plt.subplots()
+        ax.plot([0, x])
+        return fig
+
+    controls = {"x": W.FloatSlider(value=1.0, min=-4, max=8, step=0.5), "flag": W.Checkbox(value=False)}
+    box = widgets.explorer(draw, controls)
+    assert drawn == [{"x": 1.0, "flag": False}]  # the static figure
+    controls["x"].set_state({"value": 1.0000000000000009})
+    assert len(drawn) == 1, "a rounding of the value on show is not a change"
+    controls["x"].set_state({"value": 1.5})
+    controls["flag"].set_state({"value": True})
+    controls["x"].set_state({"value": 1.5000000000000002})
+    assert drawn == [{"x": 1.0, "flag": False}, {"x": 1.5, "flag": False}, {"x": 1.5, "flag": True}]
+    box.redraw()  # forced: draws even with nothing changed
+    assert len(drawn) == 4 and drawn[-1] == {"x": 1.5000000000000002, "flag": True}
+    capsys.readouterr()
+
+
 def test_every_notebook_with_an_explorer_is_driven_by_the_student_run():
     from test_student_edition import DRIVEN
 

@@ -10,7 +10,22 @@ The drawing is a plain function ``draw(**values) -> Figure`` that tests call dir
 
 from __future__ import annotations
 
+import math
+
 import matplotlib.pyplot as plt
+
+
+def _same_values(now: dict, before: dict) -> bool:
+    """Equal, floats up to the last bits (a slider's front end may send back a value it has
+    rounded differently, e.g. 1.0000000000000009 for 1.0, when it is first shown)."""
+    for name, value in now.items():
+        old = before.get(name)
+        if isinstance(value, float) and isinstance(old, (int, float)) and not isinstance(old, bool):
+            if not math.isclose(value, old, rel_tol=1e-9, abs_tol=1e-12):
+                return False
+        elif value != old:
+            return False
+    return now.keys() == before.keys()
 
 
 def explorer(draw, controls: dict, *, show_static: bool = True):
@@ -24,16 +39,21 @@ def explorer(draw, controls: dict, *, show_static: bool = True):
     def values():
         return {name: w.value for name, w in controls.items()}
 
+    drawn = values()  # what the figure on show was drawn with
     if show_static:
-        fig = draw(**values())
+        fig = draw(**drawn)
         display(fig)
         plt.close(fig)
     out = W.Output()
 
     def redraw(change=None):
+        nonlocal drawn
+        if change is not None and _same_values(values(), drawn):
+            return  # a front end's rounding of a float (1.0 -> 1.0000000000000009): nothing new to draw
+        drawn = values()
         with out:
             clear_output(wait=True)
-            fig = draw(**values())
+            fig = draw(**drawn)
             display(fig)
             plt.close(fig)
 

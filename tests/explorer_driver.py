@@ -1,26 +1,32 @@
 """Drive every explorer of a notebook inside the kernel that executes it (the student edition's
 run, tests/test_student_edition.py): no second execution of the notebook is needed.
 
-Before the notebook's first cell, SPY wraps ``mha_course.kit.widgets.explorer`` so that each
-explorer records its controls and every drawing (the values it was drawn with and the figure as a
-small PNG), and records every warning about widget arguments (ipywidgets 7 takes an argument it
-does not know, e.g. one new in 8, with only a warning) and every other warning from ipywidgets or
-traitlets a learner would see, without showing it: the notebook's own outputs stay what they are.
-After the last cell, DRIVE changes every control of every explorer the way the front end does (a
-state update) and prints a JSON report, which :func:`problems` reads: each change must redraw
-once, with the current values of all the controls, and change the figure; no callback may raise;
-no widget warning.
+Before the notebook's first cell, SPY (:func:`spy_cell`) wraps ``mha_course.kit.widgets.explorer``
+so that each explorer records its controls and every drawing (the values it was drawn with, whether
+they were the controls' current values, and the figure as a small PNG), and records every warning
+about widget arguments (ipywidgets 7 takes an argument it does not know, e.g. one new in 8, with
+only a warning) and every other warning from ipywidgets or traitlets a learner would see, without
+showing it: the notebook's own outputs stay what they are. After the last cell, DRIVE changes every
+control of every explorer the way the front end does (a state update) and prints a JSON report,
+which :func:`problems` reads: each change must redraw once, with the current values of all the
+controls, and change the figure; no callback may raise; no widget warning.
+
+In JupyterLab (tests/browser/test_jupyterlab.py) the browser changes the controls instead; the spy
+then writes what it saw to a file, which :func:`browser_problems` reads (the browser itself sees
+each figure change).
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import nbformat
 
 SPY = r"""
-def _mha_spy():
+def _mha_spy(record_file=None):
     import io
+    import json
     import warnings
     from pathlib import Path
 
@@ -29,27 +35,50 @@ def _mha_spy():
     explorers, widget_warnings = [], []
     real_explorer, real_show = mw.explorer, warnings.showwarning
 
+    def dump():  # what a browser's test reads back, after each drawing
+        if record_file is not None:
+            Path(record_file).write_text(json.dumps({
+                "explorers": [
+                    {
+                        "controls": list(r["controls"]),
+                        "errors": r["errors"],
+                        "draws": len(r["calls"]),
+                        "drawn_with": [values for values, _ in r["calls"]],
+                        "stale_draws": r["stale"],
+                    }
+                    for r in explorers
+                ],
+                "widget_warnings": sorted(set(widget_warnings)),
+            }, default=repr))
+
     def spy(draw, controls, **kwargs):
-        record = {"calls": [], "errors": [], "controls": controls}
+        record = {"calls": [], "errors": [], "controls": controls, "stale": 0}
 
         def draw_and_record(**values):
+            if values != {n: w.value for n, w in controls.items()}:
+                record["stale"] += 1  # drawn with values the controls no longer have
             try:
                 fig = draw(**values)
             except Exception as e:
                 record["errors"].append(f"{type(e).__name__}: {e}")
+                dump()
                 raise
             png = io.BytesIO()
-            fig.savefig(png, format="png", dpi=30)
+            if record_file is None:  # the kernel's driver compares the figures; a browser sees them
+                fig.savefig(png, format="png", dpi=30)
             record["calls"].append((dict(values), png.getvalue()))
+            dump()
             return fig
 
         box = real_explorer(draw_and_record, controls, **kwargs)
         explorers.append(record)
+        dump()
         return box
 
     def show(message, category, filename, lineno, file=None, line=None):
         if "unrecognized arguments" in str(message) or {"ipywidgets", "traitlets"} & set(Path(filename).parts):
             widget_warnings.append(f"{category.__name__}: {message}")
+            dump()
         else:
             real_show(message, category, filename, lineno, file, line)
 
@@ -61,7 +90,7 @@ def _mha_spy():
     return explorers, widget_warnings
 
 
-_mha_explorers, _mha_widget_warnings = _mha_spy()
+_mha_explorers, _mha_widget_warnings = _mha_spy(RECORD_FILE)
 del _mha_spy
 """
 
@@ -115,6 +144,40 @@ print("EXPLORER-REPORT " + _mha_drive(_mha_explorers, _mha_widget_warnings))
 MARK = "EXPLORER-REPORT "
 
 
+def spy_cell(record_file=None) -> str:
+    """SPY's source; with ``record_file`` (a path) it also writes what it saw there after every
+    drawing, for a test whose notebook runs in a browser (it reads the file with :func:`recorded`)."""
+    return SPY.replace("RECORD_FILE", "None" if record_file is None else repr(str(record_file)))
+
+
+def recorded(record_file) -> dict:
+    """What the spy of :func:`spy_cell` has written (nothing yet: no explorer was created)."""
+    try:
+        return json.loads(Path(record_file).read_text())
+    except FileNotFoundError:
+        return {"explorers": [], "widget_warnings": []}
+
+
+def browser_problems(record: dict, where: str, changes: list[int]) -> list[str]:
+    """What is wrong with explorers a browser has driven, one change of each control
+    (``changes[k]``: the changes made to explorer k): each change redrew once, every drawing used
+    the controls' current values, no callback raised, no widget warning."""
+    found = [f"{where}: {w}" for w in record["widget_warnings"]]
+    if len(record["explorers"]) != len(changes):
+        found.append(f"{where}: {len(record['explorers'])} explorers were created, the page shows {len(changes)}")
+    for k, (explorer, made) in enumerate(zip(record["explorers"], changes, strict=False), 1):
+        if explorer["errors"]:
+            found.append(f"{where}, explorer {k} raised while drawing: {explorer['errors']}")
+        if explorer["draws"] != 1 + made:
+            found.append(
+                f"{where}, explorer {k}: {explorer['draws']} drawings for its first and {made} changes, "
+                f"with {explorer['drawn_with']}"
+            )
+        if explorer["stale_draws"]:
+            found.append(f"{where}, explorer {k}: {explorer['stale_draws']} drawing(s) with stale values")
+    return found
+
+
 def has_explorer(nb) -> bool:
     return any(c.cell_type == "code" and "explorer(" in c.source for c in nb.cells)
 
@@ -126,7 +189,7 @@ def execute(nb, folder, *, drive: bool, timeout: int = 300):
     from authoring.notebooks import notebook_client
 
     if drive:
-        nb.cells.insert(0, nbformat.v4.new_code_cell(SPY))
+        nb.cells.insert(0, nbformat.v4.new_code_cell(spy_cell()))
         nb.cells.append(nbformat.v4.new_code_cell(DRIVE))
     try:
         notebook_client(nb, folder, timeout=timeout).execute()

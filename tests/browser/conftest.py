@@ -2,9 +2,10 @@
 for the whole session.
 
 The server runs on 127.0.0.1 (a free port, a random token) with throwaway config, data, runtime,
-settings and workspace folders, and serves a temporary COPY of the notebooks, so JupyterLab's
-autosave never touches the repository. Its kernels are the current interpreter's, where
-``mha_course`` is installed (editable), exactly as a learner's ``python3 course.py lab``.
+settings and workspace folders, and serves a temporary COPY of the student edition (what a
+learner opens), so JupyterLab's autosave never touches the repository. Its kernels are the
+current interpreter's, where ``mha_course`` is installed (editable), exactly as a learner's
+``python3 course.py lab``.
 
 Chromium is Debian's (``apt-get install chromium``), driven by Playwright for Python, which cannot
 download a browser of its own here: set ``MHA_CHROMIUM`` to use another binary. Without Chromium
@@ -13,6 +14,7 @@ or Playwright these tests skip with the reason, except in CI (``CI=true``), wher
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import secrets
@@ -28,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from authoring import notebooks as notebook_tools
+from authoring import student_edition
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = Path(__file__).resolve().parent / "screenshots"
@@ -74,7 +77,7 @@ class Lab:
         self.work = tmp / "notebooks"  # what the server serves: copies, never the repository
         self.work.mkdir()
         for path in notebook_tools.numbered_notebooks():
-            shutil.copy2(path, self.work / path.name)
+            shutil.copy2(student_edition.STUDENT_DIR / path.name, self.work / path.name)
         self.port = _free_port()
         self.token = secrets.token_hex(24)
         self.base = f"http://127.0.0.1:{self.port}"
@@ -91,6 +94,9 @@ class Lab:
             },
             "IdentityProvider": {"token": self.token},
             "LabApp": {
+                # window.jupyterapp: the tests open each notebook in the running app (one page
+                # load of JupyterLab for all of them, as Galata, JupyterLab's own test tool, does)
+                "expose_app_in_browser": True,
                 "check_for_updates_class": "jupyterlab.NeverCheckForUpdate",
                 "news_url": None,
                 "extension_manager": "readonly",
@@ -165,8 +171,9 @@ class Lab:
             body = response.read()
         return json.loads(body) if body else None
 
-    def url(self, notebook: str) -> str:
-        return f"{self.base}/lab/tree/{notebook}?token={self.token}&reset"
+    def url(self) -> str:
+        """JupyterLab in a fresh workspace, nothing open (the tests open each notebook in it)."""
+        return f"{self.base}/lab?token={self.token}&reset"
 
     def wait_for_kernel(self, notebook: str, timeout: float = 120) -> None:
         """Until the notebook's kernel is started, connected to the page and idle. (Run All sent
@@ -190,16 +197,40 @@ class Lab:
             print(f"could not shut down the kernels: {e}")
 
 
+def missing() -> str | None:
+    """What the browser tests lack here (None: nothing)."""
+    if importlib.util.find_spec("playwright") is None:
+        return "Playwright for Python (pip install playwright)"
+    if chromium_path() is None:
+        return "Chromium (apt-get install chromium, or set MHA_CHROMIUM)"
+    return None
+
+
 @pytest.fixture(scope="session")
 def chromium_executable() -> str:
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        _unavailable("Playwright for Python (pip install playwright)")
-    path = chromium_path()
-    if path is None:
-        _unavailable("Chromium (apt-get install chromium, or set MHA_CHROMIUM)")
-    return path
+    if (lacking := missing()) is not None:
+        _unavailable(lacking)
+    return chromium_path()
+
+
+STUDENT_RUN = "tests/test_student_edition.py::test_student_notebook_runs_top_to_bottom["
+LAB_RUN = "tests/browser/test_jupyterlab.py::test_notebook_runs_and_its_widgets_work["
+
+
+def pytest_collection_modifyitems(config, items):
+    """One execution per English student notebook: where this session runs it in JupyterLab (its
+    test is selected and the browser is here), that run makes the checks of the student edition's
+    run too (tests/student_run.py, and the explorers' spy), so the kernel-only run of the same
+    notebook is deselected. Without a browser, or with the browser tests deselected (`-m "not
+    browser"`, .ci/matrix, `python -m authoring emulate`), the kernel-only runs stay."""
+    if missing() is not None:
+        return
+    in_lab = {item.nodeid[len(LAB_RUN) : -1] for item in items if item.nodeid.startswith(LAB_RUN)}
+    twice = [i for i in items if i.nodeid.startswith(STUDENT_RUN) and i.nodeid[len(STUDENT_RUN) : -1] in in_lab]
+    if twice:
+        config.hook.pytest_deselected(items=twice)
+        dropped = {id(i) for i in twice}
+        items[:] = [i for i in items if id(i) not in dropped]
 
 
 @pytest.fixture(scope="session")

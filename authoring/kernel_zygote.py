@@ -62,11 +62,15 @@ IMPORT_TIME_PREFIXES = (
     "XDG_",
     "TZ",
 )
+#: variables with those prefixes that are read only when used, never on import: PyTorch writes
+#: TORCHINDUCTOR_CACHE_DIR into os.environ the first time it compiles (torch.compile,
+#: flex_attention), so every kernel a process started after that would otherwise be refused
+READ_WHEN_USED = ("TORCHINDUCTOR_CACHE_DIR",)
 CONNECT_TIMEOUT_S = 2.0
 
 
 def import_time_environment(env: dict[str, str]) -> dict[str, str]:
-    chosen = {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_PREFIXES)}
+    chosen = {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_PREFIXES) and k not in READ_WHEN_USED}
     chosen.setdefault("MPLBACKEND", INLINE)  # a kernel without it gets ipykernel's inline backend
     return chosen
 
@@ -337,11 +341,11 @@ def _signal_group(pid: int, signum: int) -> None:
             pass
 
 
-def kernelspec(folder) -> str:
+def kernelspec(folder, env: dict[str, str] | None = None) -> str:
     """Write the ``python3`` kernelspec that starts kernels through this launcher (where the
     platform forks; elsewhere ipykernel's own command) into ``folder/kernels/python3``; returns the
     folder (for JUPYTER_PATH). Either runs the interpreter that starts the kernel (Jupyter puts
-    its own in place of ``python``)."""
+    its own in place of ``python``). ``env``: variables every kernel of the spec gets."""
     import importlib.util
     import shutil
     from pathlib import Path
@@ -359,6 +363,7 @@ def kernelspec(folder) -> str:
         "language": "python",
         "metadata": {"debugger": True},
         "kernel_protocol_version": "5.5",
+        **({"env": dict(env)} if env else {}),
     }
     (target / "kernel.json").write_text(json.dumps(spec, indent=1))
     return str(folder)

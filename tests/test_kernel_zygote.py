@@ -169,6 +169,16 @@ def test_a_request_with_other_import_time_settings_gets_an_ordinary_kernel(tmp_p
             assert (variable if executable == kz.sys.executable else "another interpreter") in reply["refused"]
 
 
+@needs_zygote
+def test_a_process_that_has_compiled_still_gets_forked_kernels(tmp_path):
+    """PyTorch writes TORCHINDUCTOR_CACHE_DIR into os.environ on its first compile (flex_attention
+    in a unit test, say); it is read only when compiling, so it does not make kernels ordinary."""
+    _wait_for_zygote()
+    cache = str(tmp_path / "inductor")
+    seen = _observe(tmp_path, dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache))
+    assert seen["forked"] and seen["env"]["TORCHINDUCTOR_CACHE_DIR"] == cache
+
+
 def _kernel_zygote():
     import importlib.util
 

@@ -38,6 +38,13 @@ if RUN_CACHE_ENV not in os.environ:
     os.environ[RUN_CACHE_ENV] = tempfile.mkdtemp(prefix="mha-course-runs-")
     atexit.register(shutil.rmtree, os.environ[RUN_CACHE_ENV], ignore_errors=True)
 
+# The notebooks' timings (mha_course.kit.timing; their outputs are nbval-ignore-output, never
+# compared) take one timed round of single calls in the session's kernels (the kernelspec's env):
+# that the timed code runs is what a test run can check, not how fast it is on a loaded machine.
+# The tests' own processes time as asked, and `authoring execute`, which stores the outputs, times
+# as many rounds as each notebook asks.
+TIMING_ROUNDS_ENV = "MHA_COURSE_TIMING_ROUNDS"  # mha_course.kit.timing.ROUNDS_VARIABLE
+
 # Every notebook kernel of the session starts as a fork of a process that has already imported
 # PyTorch, Matplotlib and ipykernel (authoring/kernel_zygote.py), one per test process: the
 # ``python3`` kernelspec first on JUPYTER_PATH (nbval's, nbclient's, JupyterLab's, nbgrader's
@@ -61,7 +68,7 @@ def _kernelspec_first_on_jupyter_path() -> None:
     no zygote runs): the kernelspec nbval, nbclient, JupyterLab and nbgrader find first."""
     folder = tempfile.mkdtemp(prefix="mha-course-kernels-")
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    _kernel_zygote_module().kernelspec(folder)
+    _kernel_zygote_module().kernelspec(folder, env={TIMING_ROUNDS_ENV: os.environ.get(TIMING_ROUNDS_ENV, "1")})
     os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [folder, os.environ.get("JUPYTER_PATH")]))
     os.environ.setdefault(ZYGOTE_ENV, os.path.join(folder, "zygote.sock"))
 

@@ -3,6 +3,7 @@ is measured, how it is combined, and what is reported."""
 
 import json
 import math
+import re
 import statistics
 import subprocess
 import sys
@@ -116,6 +117,24 @@ def test_round_robin_fills_a_minimum_sample_time_with_repeated_calls():
     calls = []
     times = timing.round_robin_times({"quick": lambda: calls.append(1)}, repeats=2, min_sample_s=0.001)
     assert len(calls) > 3 and len(times["quick"]) == 2  # one warm-up call, then two samples of several calls
+
+
+def test_the_rounds_cap_times_one_round_of_single_calls(monkeypatch):
+    monkeypatch.setenv(timing.ROUNDS_VARIABLE, "1")
+    calls = []
+    outputs = {}
+    fns = {"a": lambda: calls.append("a") or 1, "b": lambda: calls.append("b") or 2}
+    times = timing.round_robin_times(fns, repeats=5, warmup=3, min_sample_s=10.0, outputs=outputs)
+    assert calls == ["a", "b"] * 2  # one warm-up round, one timed round, one call per sample
+    assert {k: len(v) for k, v in times.items()} == {"a": 1, "b": 1} and outputs == {"a": 1, "b": 2}
+    monkeypatch.setenv(timing.ROUNDS_VARIABLE, "2")
+    assert len(timing.round_robin_times({"a": lambda: None}, repeats=5, warmup=0)["a"]) == 2
+    for bad in ("0", "one", "-1", "1.5"):
+        monkeypatch.setenv(timing.ROUNDS_VARIABLE, bad)
+        with pytest.raises(ValueError, match=rf"MHA_COURSE_TIMING_ROUNDS must be .*{re.escape(repr(bad))}"):
+            timing.round_robin_times({"a": lambda: None})
+    monkeypatch.delenv(timing.ROUNDS_VARIABLE)
+    assert len(timing.round_robin_times({"a": lambda: None}, repeats=3)["a"]) == 3
 
 
 def test_median_and_iqr():

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from mha_course.kit import run_cache
+from mha_course.kit import run_cache, timing
 from mha_course.lessons import relation_task, tiny_training
 
 
@@ -48,6 +48,16 @@ def test_the_suite_sets_the_variable_the_package_reads():
     root_conftest = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(root_conftest)
     assert root_conftest.RUN_CACHE_ENV == run_cache.ENV
+    assert root_conftest.TIMING_ROUNDS_ENV == timing.ROUNDS_VARIABLE
+
+
+def test_the_sessions_kernels_and_only_they_time_one_round():
+    import os
+
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    assert KernelSpecManager().get_kernel_spec("python3").env == {timing.ROUNDS_VARIABLE: "1"}
+    assert timing.ROUNDS_VARIABLE not in os.environ  # the tests' own processes time as asked
 
 
 def test_without_the_variable_every_call_computes(monkeypatch):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import platform
 import statistics
 import sys
@@ -20,6 +21,22 @@ import torch
 from .. import validation
 
 __all__ = ["round_robin_times", "median_times", "synchronize", "device_label", "cpu_model"]
+
+#: caps the timed rounds of every timing (unset: as many as asked). Where only whether the timed
+#: code runs matters, not the numbers (the course's own test runs, whose timing outputs are not
+#: compared), ``MHA_COURSE_TIMING_ROUNDS=1`` times one round, after at most one warm-up round, of
+#: single calls.
+ROUNDS_VARIABLE = "MHA_COURSE_TIMING_ROUNDS"
+
+
+def rounds_cap() -> int | None:
+    """The cap ``MHA_COURSE_TIMING_ROUNDS`` sets (None: unset)."""
+    value = os.environ.get(ROUNDS_VARIABLE, "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{ROUNDS_VARIABLE} must be a whole number of rounds, at least 1, got {value!r}")
+    return int(value)
 
 
 def synchronize(device: torch.device | str | None = None) -> None:
@@ -85,6 +102,8 @@ def round_robin_times(
     """
     validation.positive_int("repeats", repeats)
     validation.positive_int("warmup", warmup, allow_zero=True)
+    if (cap := rounds_cap()) is not None:  # see ROUNDS_VARIABLE
+        repeats, warmup, min_sample_s = min(repeats, cap), min(warmup, 1), 0.0
     previous = torch.get_num_threads()
     if num_threads is not None:
         torch.set_num_threads(validation.positive_int("num_threads", num_threads))

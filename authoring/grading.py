@@ -232,11 +232,23 @@ def run_nbgrader(course_dir: Path, *args: str, capture: bool = False) -> subproc
     starts ``alembic`` and Jupyter kernels by name, from the PATH)."""
     bindir = str(Path(sys.executable).parent)
     env = dict(os.environ, PATH=os.pathsep.join([bindir, os.environ.get("PATH", "")]))
-    # nbgrader's own use of its database warns (SQLAlchemy's SAWarning) on every submission: noise
-    quiet = [os.environ.get("PYTHONWARNINGS", ""), "ignore::Warning:nbgrader.api"]
-    env["PYTHONWARNINGS"] = ",".join(w for w in quiet if w)
+    # course.py puts this checkout on PYTHONPATH (for `python -m authoring` from any folder); nbgrader
+    # and the kernels it starts need only the installed package, and see the environment a
+    # learner's kernel has (in a test session, that also lets them fork from the warm zygote)
+    checkout = str(Path(__file__).resolve().parents[1])
+    rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != checkout]
+    if rest:
+        env["PYTHONPATH"] = os.pathsep.join(rest)
+    else:
+        env.pop("PYTHONPATH", None)
+    # nbgrader's own use of its database warns (SQLAlchemy's SAWarning) on every submission: noise,
+    # silenced in nbgrader's process only (-W, not PYTHONWARNINGS, which its kernels would inherit)
     return subprocess.run(
-        [sys.executable, "-m", "nbgrader", *args], cwd=course_dir, env=env, capture_output=capture, text=True
+        [sys.executable, "-W", "ignore::Warning:nbgrader.api", "-m", "nbgrader", *args],
+        cwd=course_dir,
+        env=env,
+        capture_output=capture,
+        text=True,
     )
 
 

@@ -21,6 +21,12 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
     _share = (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _share)))
 
+# With PYTHONDONTWRITEBYTECODE set (as on some machines), every test process would compile the
+# course's sources, and pytest rewrite every test module's asserts, again on each run, and every
+# kernel would compile what it imports. The test processes write the bytecode (to the git-ignored
+# __pycache__ folders); the kernels, which keep the variable, read it.
+sys.dont_write_bytecode = False
+
 from authoring.notebooks import EXEC_ENV  # noqa: E402
 
 #: mha_course.kit.run_cache.ENV (named here: importing the package would import torch into the

@@ -7,9 +7,11 @@
   option and ❌ for the others, with that option's explanation;
 * explorers: every control of every explorer is changed the way the front end does it (a state
   update) inside the student edition's run of its notebook (tests/test_student_edition.py and
-  tests/explorer_driver.py): the explorer must redraw once, with the new values of all its
-  controls, and the figure must change; no callback may raise. This file checks that every
-  notebook with an explorer is driven there, and that the driver is not blind.
+  tests/explorer_driver.py), or, where the session runs that notebook in JupyterLab, by the
+  browser (tests/browser/test_jupyterlab.py, the same spy in the kernel): the explorer must
+  redraw once, with the current values of all its controls, and the figure must change; no
+  callback may raise. This file checks that every notebook with an explorer is driven there, that
+  the driver is not blind, and that a front end's rounding of a value draws nothing.
 """
 
 from __future__ import annotations

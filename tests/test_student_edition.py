@@ -445,6 +445,32 @@ def test_student_notebook_runs_top_to_bottom(path):
         assert not found, "\n".join(found)
 
 
+def test_an_english_student_run_is_left_out_only_where_jupyterlab_runs_the_notebook(monkeypatch):
+    """tests/browser/conftest.py: JupyterLab's run of the English student edition makes its checks,
+    so its kernel-only run is deselected, for the notebooks the session runs in JupyterLab only,
+    never the Chinese runs, and not at all without a browser."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    spec = importlib.util.spec_from_file_location("browser_conftest", ROOT / "tests" / "browser" / "conftest.py")
+    browser_conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(browser_conftest)
+
+    def items(*ids):
+        return [SimpleNamespace(nodeid=i) for i in ids]
+
+    lab, run = browser_conftest.LAB_RUN, browser_conftest.STUDENT_RUN
+    collected = items(f"{lab}01_a]", f"{run}01_a]", f"{run}zh_01_a]", f"{run}02_b]", "tests/test_x.py::test_y")
+    dropped = []
+    config = SimpleNamespace(hook=SimpleNamespace(pytest_deselected=lambda items: dropped.extend(items)))
+    for lacking, expected in ((None, [f"{run}01_a]"]), ("Chromium", [])):
+        monkeypatch.setattr(browser_conftest, "missing", lambda lacking=lacking: lacking)
+        kept, dropped[:] = list(collected), []
+        browser_conftest.pytest_collection_modifyitems(config, kept)
+        assert [i.nodeid for i in dropped] == expected
+        assert [i.nodeid for i in kept] == [i.nodeid for i in collected if i.nodeid not in expected]
+
+
 # ---------------------------------------------------------------------------------------------
 # the instructor guide
 

@@ -217,6 +217,7 @@ STUDENT_RUN = "tests/test_student_edition.py::test_student_notebook_runs_top_to_
 LAB_RUN = "tests/browser/test_jupyterlab.py::test_notebook_runs_and_its_widgets_work["
 
 
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected: only a JupyterLab run that stays counts
 def pytest_collection_modifyitems(config, items):
     """One execution per English student notebook: where this session runs it in JupyterLab (its
     test is selected and the browser is here), that run makes the checks of the student edition's

@@ -445,6 +445,33 @@ def test_student_notebook_runs_top_to_bottom(path):
         assert not found, "\n".join(found)
 
 
+def test_the_student_run_checks_name_an_error_a_wrong_check_and_a_changed_output():
+    """tests/student_run.py, which both the kernel-only run and JupyterLab's use, is not blind."""
+    check = _code_cell("mc.check.attention(attention)", count=None)
+    check.metadata["nbgrader"] = {"grade": True, "grade_id": "exercise_1_1"}
+    stored = nbformat.v4.new_notebook()
+    stored.cells = [
+        nbformat.v4.new_markdown_cell("# title"),
+        _code_cell("print(1)", [_stream("1\n")], count=1),
+        check,
+        _code_cell("print(2)", [_stream("2\n")], count=3),
+    ]
+    good = copy.deepcopy(stored)
+    good.cells[2].outputs = [_stream("Exercise 1.1: not attempted\n")]
+    assert student_run.problems(stored, good, chinese=False) == []
+    assert student_run.problems(stored, good, chinese=True) != []  # the Chinese check says 未尝试
+
+    bad = copy.deepcopy(good)
+    bad.cells[1].outputs = [nbformat.v4.new_output("error", ename="NameError", evalue="x", traceback=[])]
+    bad.cells[2].outputs = [_stream("✅ Exercise 1.1 passed\n")]
+    bad.cells[3].outputs = [_stream("3\n")]
+    found = "\n".join(student_run.problems(stored, bad, chinese=False))
+    assert "cell 1 raised NameError" in found and "cell 2: the check should say" in found
+    assert "cell 3 prints something else" in found
+    bad.cells.pop()
+    assert student_run.problems(stored, bad, chinese=False) == ["the run has 3 cells, the student notebook 4"]
+
+
 def test_an_english_student_run_is_left_out_only_where_jupyterlab_runs_the_notebook(monkeypatch):
     """tests/browser/conftest.py: JupyterLab's run of the English student edition makes its checks,
     so its kernel-only run is deselected, for the notebooks the session runs in JupyterLab only,

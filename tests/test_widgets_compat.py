@@ -164,6 +164,25 @@ def test_an_explorer_redraws_on_a_change_not_on_a_front_ends_rounding(capsys):
     capsys.readouterr()
 
 
+def test_the_browsers_spy_report_names_every_problem():
+    """explorer_driver.browser_problems (JupyterLab's run) is not blind."""
+    import explorer_driver
+
+    def explorer(draws, stale=0, errors=()):
+        return {"controls": ["a", "b"], "errors": list(errors), "draws": draws, "drawn_with": [], "stale_draws": stale}
+
+    assert explorer_driver.browser_problems({"explorers": [explorer(3)], "widget_warnings": []}, "nb", [2]) == []
+    record = {
+        "explorers": [explorer(5, stale=1), explorer(3, errors=["ValueError: boom"])],
+        "widget_warnings": ["DeprecationWarning: old"],
+    }
+    found = "\n".join(explorer_driver.browser_problems(record, "nb", [2, 2]))
+    for words in ("DeprecationWarning: old", "explorer 1: 5 drawings", "1 drawing(s) with stale", "boom"):
+        assert words in found, words
+    assert "created, the page shows 3" in "".join(explorer_driver.browser_problems(record, "nb", [2, 2, 2]))
+    assert explorer_driver.recorded("/nonexistent/spy.json") == {"explorers": [], "widget_warnings": []}
+
+
 def test_every_notebook_with_an_explorer_is_driven_by_the_student_run():
     from test_student_edition import DRIVEN
 

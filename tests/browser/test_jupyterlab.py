@@ -212,7 +212,11 @@ def save_and_read(page, path: Path, num_code: int):
         time.sleep(0.2)
 
 
-OPEN_JS = "name => window.jupyterapp.commands.execute('docmanager:open', {path: name, factory: 'Notebook'})"
+# resolves to nothing: handing the notebook widget back to Python would make Playwright serialise
+# JupyterLab's object graph, which took about 2.5 s per notebook
+OPEN_JS = """async name => {
+  await window.jupyterapp.commands.execute('docmanager:open', {path: name, factory: 'Notebook'});
+}"""
 # every document closed without asking to save (the copies are throwaway), then the kernels go by REST
 CLOSE_ALL_JS = """() => {
   for (const widget of Array.from(window.jupyterapp.shell.widgets('main'))) {

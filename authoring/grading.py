@@ -38,6 +38,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from . import DECLINED_IMPORTS
 from . import notebooks as notebook_tools
 from .student_edition import SOLUTION_TAG, Exercise, strip_solutions
 
@@ -227,6 +228,18 @@ def nbgrader_missing() -> str | None:
     return None
 
 
+#: ``python -m nbgrader``, declining the imports these tools decline (authoring/__init__.py); the
+#: nbgrader process does not see this checkout, so the names are written into the code
+NBGRADER_MAIN = (
+    "import sys\n"
+    f"for name in {DECLINED_IMPORTS!r}:\n"
+    "    sys.modules.setdefault(name, None)\n"
+    "sys.argv[0] = 'nbgrader'\n"
+    "from nbgrader.apps.nbgraderapp import main\n"
+    "main()"
+)
+
+
 def run_nbgrader(course_dir: Path, *args: str, capture: bool = False) -> subprocess.CompletedProcess:
     """``nbgrader ARGS`` in ``course_dir``, by this interpreter, with its bin folder on PATH (nbgrader
     starts ``alembic`` and Jupyter kernels by name, from the PATH)."""
@@ -244,7 +257,7 @@ def run_nbgrader(course_dir: Path, *args: str, capture: bool = False) -> subproc
     # nbgrader's own use of its database warns (SQLAlchemy's SAWarning) on every submission: noise,
     # silenced in nbgrader's process only (-W, not PYTHONWARNINGS, which its kernels would inherit)
     return subprocess.run(
-        [sys.executable, "-W", "ignore::Warning:nbgrader.api", "-m", "nbgrader", *args],
+        [sys.executable, "-W", "ignore::Warning:nbgrader.api", "-c", NBGRADER_MAIN, *args],
         cwd=course_dir,
         env=env,
         capture_output=capture,

@@ -120,6 +120,51 @@ def _shell_without_venv() -> dict:
     return env
 
 
+DECLINED = (
+    "import sys, json, nbformat\n"
+    "nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell('1 + 1')])\n"
+    "nbformat.validate(nb)\n"
+    "broken = json.loads(nbformat.writes(nb))\n"
+    "broken['cells'][0]['cell_type'] = 'kode'\n"
+    "try:\n"
+    "    nbformat.validate(nbformat.from_dict(broken))\n"
+    "except nbformat.ValidationError:\n"
+    "    print('a broken notebook is refused')\n"
+    "print('declined:', sorted(n for n in sys.modules if n.startswith('rfc3987') and sys.modules[n] is None))\n"
+)
+
+
+@pytest.mark.slow
+def test_the_class_tools_decline_the_slow_iri_check_and_notebooks_still_validate():
+    """jsonschema's optional "iri" format check (rfc3987_syntax) costs 1.3 s per process: `python -m
+    authoring` and its nbgrader runs decline that import, and nbformat still validates (and refuses
+    a broken notebook)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run(
+        [sys.executable, "-c", "import authoring\n" + DECLINED], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["a broken notebook is refused", "declined: ['rfc3987_syntax']"], out.stdout
+    # nbgrader's process does not see this checkout: its code carries the names, and runs nbgrader
+    without_checkout = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    code = grading.NBGRADER_MAIN.replace("from nbgrader.apps.nbgraderapp import main\nmain()", DECLINED)
+    assert code != grading.NBGRADER_MAIN
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd="/", env=without_checkout, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert "declined: ['rfc3987_syntax']" in out.stdout
+    version = subprocess.run(
+        [sys.executable, "-c", grading.NBGRADER_MAIN, "--version"],
+        cwd="/",
+        env=without_checkout,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert version.returncode == 0 and "nbgrader version" in version.stdout, version.stdout + version.stderr
+
+
 @pytest.mark.slow
 def test_a_class_end_to_end_from_a_shell_without_the_environment(tmp_path):
     """The instructor guide's flow, command for command, from a shell where .venv/bin is not on

@@ -393,8 +393,6 @@ BROKEN = [
 def test_the_checks_see_errors_warnings_and_failing_callbacks(lab, lab_page):
     """The harness is not blind: a notebook with a warning, an exception and an explorer whose
     callback raises shows each of them, and the cells after the exception stay unrun."""
-    import nbformat
-
     nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3"}})
     nb.cells = [nbformat.v4.new_markdown_cell("# broken on purpose")] + [nbformat.v4.new_code_cell(c) for c in BROKEN]
     nbformat.write(nb, lab.work / "zz_broken.ipynb")

@@ -63,7 +63,7 @@ def _kernel(cwd: Path, env: dict | None = None):
 
 
 def _run(kc, code: str, timeout: float = 60) -> tuple[str, list[dict]]:
-    """stdout of ``code`` and its error outputs."""
+    """stdout of ``code`` and its error outputs (a request the kernel aborted fails here)."""
     stdout, errors = [], []
 
     def hook(msg):
@@ -72,7 +72,8 @@ def _run(kc, code: str, timeout: float = 60) -> tuple[str, list[dict]]:
         elif msg["msg_type"] == "error":
             errors.append(msg["content"])
 
-    kc.execute_interactive(code, output_hook=hook, timeout=timeout)
+    reply = kc.execute_interactive(code, output_hook=hook, timeout=timeout)
+    assert reply["content"]["status"] != "aborted", f"the kernel aborted {code!r} (an earlier error)"
     return "".join(stdout), errors
 
 
@@ -109,7 +110,9 @@ def test_a_forked_kernel_is_interrupted_and_ends_with_its_launcher(tmp_path):
         out, _ = _run(kc, "import os, sys; print(os.getpid(), 'torch' in sys.modules)")
         pid, forked = out.split()
         assert forked == "True" and int(pid) != km.provisioner.process.pid
-        sleeping = kc.execute("import time; time.sleep(60)")
+        # stop_on_error=False: after an error ipykernel aborts the requests that reach it in the
+        # same turn of its event loop (a Run All stops there); the next request could be one
+        sleeping = kc.execute("import time; time.sleep(60)", stop_on_error=False)
         time.sleep(0.5)
         started = time.monotonic()
         km.interrupt_kernel()

@@ -204,15 +204,17 @@ def test_fast_suite_leaves_out_notebooks_browser_and_pip():
 def course_copy(tmp_path):
     """course.py with its install files in a folder of its own, and a .venv/ there that has pip but
     no torch (pip linked from this interpreter), so that course.py goes as far as installing."""
+    import importlib.metadata
     import venv
 
-    import pip
-
+    # pip's folder from its metadata, not by importing it: on Python 3.10 setuptools' distutils shim
+    # answers `import pip` by dropping the distutils an earlier test imported, with a UserWarning
+    pip = Path(importlib.metadata.distribution("pip").locate_file("pip"))
     for name in ("requirements.txt", "pyproject.toml"):
         (tmp_path / name).write_bytes((ROOT / name).read_bytes())
     venv.EnvBuilder(with_pip=False, symlinks=True).create(tmp_path / ".venv")
     (site_packages,) = (tmp_path / ".venv").glob("lib/python*/site-packages")
-    (site_packages / "pip").symlink_to(Path(pip.__file__).parent, target_is_directory=True)
+    (site_packages / "pip").symlink_to(pip, target_is_directory=True)
 
     def run(args: list[str], *, env: dict | None = None, **replace: str) -> subprocess.CompletedProcess:
         source = (ROOT / "course.py").read_text(encoding="utf-8")
